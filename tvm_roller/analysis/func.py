@@ -1,0 +1,241 @@
+"""PrimFunc → the facts the policy needs: blocks, the main block, its axes and its accesses.
+
+Works on what ``te.create_prim_func`` (or TVMScript with ``s_tir=True``) produces: a root block
+whose children are one block per stage. Reads TVM's own block signatures (``T.reads``/``T.writes``,
+which TVM's region analysis filled in) instead of per-operator formulas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
+
+from ..errors import UnsupportedError
+from .access import Access, build_access
+from .visit import post_order_visit
+
+SUPPORTED_DTYPES = ("float32", "float64")
+_SPATIAL, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
+
+
+@dataclass
+class Axis:
+    """One iteration variable of the main block."""
+
+    name: str
+    extent: int
+    kind: str  # "S" spatial or "R" reduction
+
+
+@dataclass
+class BlockInfo:
+    name: str
+    axes: List[Axis]
+    reads: List[str]  # buffer names
+    writes: List[str]
+    is_reduction: bool
+    injective: bool  # every read index is an affine/const function of spatial vars, no reduction
+
+
+@dataclass
+class FuncAnalysis:
+    """Everything later stages read about a PrimFunc; plain data except ``func``."""
+
+    func: tirx.PrimFunc
+    blocks: List[BlockInfo]
+    main: Optional[str]  # name of the anchor (heaviest reduction) block; None if none
+    axes: List[Axis]  # of the main block (or of the output block when there is no reduction)
+    reads: List[Access] = field(default_factory=list)
+    writes: List[Access] = field(default_factory=list)
+    dtype: str = "float32"
+    flops: float = 0.0  # of the main block, 2 per multiply-add
+    vector_axis: Optional[int] = None  # index into ``axes``: contiguous in output and inputs
+    kind: str = "tiled"  # "tiled" (reuse-heavy), "reduction" (rows reduced), "elementwise"
+    producers: List[str] = field(default_factory=list)  # blocks feeding the main block
+    consumers: List[str] = field(default_factory=list)  # blocks after the main block
+
+    @property
+    def spatial(self) -> List[int]:
+        return [i for i, a in enumerate(self.axes) if a.kind == "S"]
+
+    @property
+    def reduction(self) -> List[int]:
+        return [i for i, a in enumerate(self.axes) if a.kind == "R"]
+
+    def footprint(self, tile: Tuple[int, ...]) -> Dict[str, int]:
+        """Elements of each buffer touched by one tile (extent per axis) of the main block."""
+        out: Dict[str, int] = {}
+        for acc in self.reads + self.writes:
+            out[acc.buffer] = max(out.get(acc.buffer, 0), acc.footprint(tile))
+        return out
+
+
+def _as_int(e, what: str) -> int:
+    if isinstance(e, int):
+        return e
+    if isinstance(e, tirx.IntImm):
+        return int(e.value)
+    raise UnsupportedError(f"symbolic shape: {what} is {e} (roller needs static shapes)")
+
+
+class _IndexChecker:
+    """Rejects indices roller can't reason about: data-dependent ones and non-constant division."""
+
+    def __init__(self) -> None:
+        self.error: Optional[str] = None
+
+    def visit(self, stmt) -> None:
+        def fvisit(node):
+            if self.error is not None:
+                return
+            if isinstance(node, (TensorLoad, tirx.BufferStore)):
+                for idx in node.indices:
+                    self._check_index(idx, _buffer_name(node))
+
+        post_order_visit(stmt, fvisit)
+
+    def _check_index(self, idx, buf: str) -> None:
+        def fidx(node):
+            if self.error is not None:
+                return
+            if isinstance(node, TensorLoad):
+                self.error = (f"data-dependent index: {buf} is indexed through the values of "
+                              f"{_buffer_name(node)} (a gather)")
+            elif isinstance(node, (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)):
+                if not isinstance(node.b, tirx.IntImm):
+                    self.error = f"non-constant division in an index of {buf}: {node}"
+
+        post_order_visit(idx, fidx)
+
+
+def _buffer_name(node) -> str:
+    buf = node.buffer if isinstance(node, tirx.BufferStore) else node.source
+    return str(getattr(buf, "name", buf))
+
+
+def analyze(func) -> FuncAnalysis:
+    """Analyse ``func`` (a PrimFunc or an IRModule holding one); raise UnsupportedError if unfit."""
+    func = unwrap_func(func)
+    for buf in func.params:
+        if not isinstance(buf, tirx.Buffer):
+            raise UnsupportedError(f"parameter {buf} is not a buffer (scalar parameters unsupported)")
+        for i, s in enumerate(buf.shape):
+            _as_int(s, f"dimension {i} of {buf.name}")
+        if str(buf.dtype) not in SUPPORTED_DTYPES:
+            raise UnsupportedError(
+                f"dtype {buf.dtype} of {buf.name} is not handled by the CPU backend "
+                f"(supported: {', '.join(SUPPORTED_DTYPES)})")
+
+    checker = _IndexChecker()
+    checker.visit(func.body)
+    if checker.error:
+        raise UnsupportedError(checker.error)
+
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    block_rvs = sch.get_child_blocks(root)
+    infos: List[BlockInfo] = []
+    stmts = {}
+    for rv in block_rvs:
+        blk = sch.get(rv)
+        loops = sch.get_loops(rv)
+        if len(loops) and not all(sch.get(l).kind == 0 for l in loops):
+            raise UnsupportedError(f"block {blk.name_hint} already has scheduled loops")
+        stmts[blk.name_hint] = blk
+        axes = []
+        for iv in blk.iter_vars:
+            if iv.iter_type not in (_SPATIAL, _REDUCE):
+                raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is neither "
+                                       "spatial nor a commutative reduction")
+            axes.append(Axis(str(iv.var.name), _as_int(iv.dom.extent, f"extent of {iv.var}"),
+                             "S" if iv.iter_type == _SPATIAL else "R"))
+        is_red = any(a.kind == "R" for a in axes)
+        infos.append(BlockInfo(blk.name_hint, axes,
+                               [r.source.name for r in blk.reads],
+                               [w.source.name for w in blk.writes], is_red, not is_red))
+    if not infos:
+        raise UnsupportedError("the function has no blocks under its root")
+    nested = [b.name for b in infos if _has_nested_block(stmts[b.name])]
+    if nested:
+        raise UnsupportedError(f"nested blocks are not supported: {nested}")
+
+    reductions = [b for b in infos if b.is_reduction]
+    dtype = str(func.params[-1].dtype)
+    if reductions:
+        main_info = max(reductions, key=lambda b: _prod(a.extent for a in b.axes))
+    else:
+        main_info = infos[-1]  # the output stage
+    blk = stmts[main_info.name]
+    var_order = [iv.var for iv in blk.iter_vars]
+    reads = [build_access(r, var_order, "read") for r in blk.reads
+             if not _is_self_read(r, blk)]
+    writes = [build_access(w, var_order, "write") for w in blk.writes]
+    volume = _prod(a.extent for a in main_info.axes)
+    fa = FuncAnalysis(func=func, blocks=infos, main=main_info.name, axes=main_info.axes,
+                      reads=reads, writes=writes, dtype=dtype, flops=2.0 * volume)
+    idx = [b.name for b in infos].index(main_info.name)
+    fa.producers = [b.name for b in infos[:idx]]
+    fa.consumers = [b.name for b in infos[idx + 1:]]
+    fa.vector_axis = _find_vector_axis(fa)
+    if not main_info.is_reduction:
+        fa.kind = "elementwise"
+    elif fa.vector_axis is not None and fa.axes[fa.vector_axis].extent >= 4:
+        fa.kind = "tiled"
+    else:
+        fa.kind = "reduction"
+    return fa
+
+
+def unwrap_func(func) -> tirx.PrimFunc:
+    if isinstance(func, tvm.IRModule):
+        prims = [f for _, f in func.functions_items() if isinstance(f, tirx.PrimFunc)]
+        if len(prims) != 1:
+            raise UnsupportedError(f"expected an IRModule holding one PrimFunc, got {len(prims)}")
+        return prims[0]
+    if not isinstance(func, tirx.PrimFunc):
+        raise UnsupportedError(f"expected a PrimFunc or IRModule, got {type(func).__name__}")
+    return func
+
+
+def _prod(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def _is_self_read(region, blk) -> bool:
+    # the reduction's own accumulator shows up as a read of the output buffer
+    return any(region.source.same_as(w.source) for w in blk.writes)
+
+
+def _has_nested_block(blk) -> bool:
+    found = []
+
+    def f(node):
+        if isinstance(node, s_tir.stmt.SBlock) and not node.same_as(blk):
+            found.append(node)
+
+    post_order_visit(blk.body, f)
+    return bool(found)
+
+
+def _find_vector_axis(fa: FuncAnalysis) -> Optional[int]:
+    """The spatial axis that is innermost-contiguous in the output and in every input using it.
+
+    Only such an axis can be vectorized with plain vector loads/stores (no gathers).
+    """
+    if not fa.writes:
+        return None
+    out = fa.writes[0]
+    cand = out.innermost_axis()
+    if cand is None or fa.axes[cand].kind != "S":
+        return None
+    for acc in fa.reads:
+        uses = acc.axes_used()
+        if cand in uses and acc.innermost_axis() != cand:
+            return None
+    return cand
