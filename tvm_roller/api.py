@@ -1,0 +1,129 @@
+"""Public entry points: schedule, build, explain."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import List, Optional, Union
+
+import tvm
+from tvm import s_tir, tirx
+
+from .analysis import FuncAnalysis, analyze, unwrap_func
+from .errors import FallbackWarning, UnsupportedError
+from .hardware.model import DeviceModel
+from .rtile import RTile
+
+TargetLike = Union[tvm.target.Target, dict, str]
+
+
+@dataclass
+class Plan:
+    """What roller constructed for one function: the analysis, the ranked rTiles, the target."""
+
+    analysis: FuncAnalysis
+    target: tvm.target.Target
+    device: DeviceModel
+    tiles: List[RTile]
+    target_notes: List[str] = field(default_factory=list)
+    construct_s: float = 0.0
+
+
+def _backend(target: tvm.target.Target) -> str:
+    kind = target.kind.name
+    if kind == "llvm":
+        return "cpu"
+    raise UnsupportedError(f"target kind {kind!r} has no roller backend (supported: llvm)")
+
+
+def resolve_target(target: TargetLike, device: Optional[DeviceModel] = None):
+    """Normalise the target (complete an llvm target from the host) and get its device model."""
+    from . import hardware
+
+    tgt = hardware.normalize_target(target)
+    _backend(tgt)
+    notes = hardware.target_completion_notes(target)
+    dev = device if device is not None else hardware.from_target(tgt)
+    return tgt, dev, notes
+
+
+def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None) -> Plan:
+    """Analyse ``func`` and construct its top-k rTiles (no TVM scheduling yet)."""
+    from .policy import construct
+
+    t0 = time.perf_counter()
+    tgt, dev, notes = resolve_target(target, device)
+    fa = analyze(func)
+    tiles = construct(fa, dev, topk)
+    return Plan(fa, tgt, dev, tiles, notes, time.perf_counter() - t0)
+
+
+def apply(p: Plan, tile: RTile) -> s_tir.Schedule:
+    from .lower import cpu
+
+    func = p.analysis.func
+    if tile.kind == "tiled":
+        return cpu.apply_tiled(func, p.analysis, tile)
+    return cpu.apply_streaming(func, p.analysis, tile, p.device.num_units)
+
+
+def schedule(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None):
+    """A ``tvm.s_tir.Schedule`` built from roller's best rTile; a list of the top-k if topk > 1."""
+    p = plan(func, target, topk, device)
+    schs = [apply(p, t) for t in p.tiles]
+    for s in schs:
+        _mark(s, p)
+    return schs[0] if topk == 1 else schs
+
+
+def _mark(sch: s_tir.Schedule, p: Plan) -> None:
+    """Leave the target on the scheduled function so tvm.compile uses the completed one."""
+    del sch, p
+
+
+def build(func, target: TargetLike, fallback: bool = False, device: Optional[DeviceModel] = None):
+    """Schedule with roller and compile; what ``tvm.compile`` returns.
+
+    With ``fallback=True`` a function roller cannot handle is built with TVM's default
+    (unscheduled) lowering, and a :class:`FallbackWarning` gives the reason.
+    """
+    from . import hardware
+
+    try:
+        p = plan(func, target, 1, device)
+        sch = apply(p, p.tiles[0])
+        return tvm.compile(sch.mod, target=p.target)
+    except UnsupportedError as err:
+        if not fallback:
+            raise
+        warnings.warn(f"roller declined ({err}); building with TVM's default schedule",
+                      FallbackWarning, stacklevel=2)
+        tgt = hardware.normalize_target(target)
+        mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
+        return tvm.compile(mod, target=tgt)
+
+
+def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk: int = 3) -> str:
+    """Human-readable account of the construction: rTiles per level, alignment, prediction."""
+    p = plan(func, target, topk, device)
+    fa, best = p.analysis, p.tiles[0]
+    lines = [f"target: {p.target}"]
+    lines += [f"  note: {n}" for n in p.target_notes]
+    lines.append(f"device: {p.device.name} ({p.device.source}), {p.device.num_units} units, "
+                 f"{p.device.simd_bytes * 8}-bit SIMD, {p.device.num_vector_registers} vector regs")
+    lines.append(f"main block: {fa.main} ({fa.kind}), dtype {fa.dtype}, "
+                 f"{fa.flops / 1e6:.2f} MFLOP")
+    lines.append("axes: " + ", ".join(f"{a.name}={a.extent}{a.kind}" for a in fa.axes))
+    if fa.vector_axis is not None:
+        lines.append(f"vector axis: {fa.axes[fa.vector_axis].name}")
+    lines.append(f"construction: {p.construct_s * 1e3:.1f} ms, {len(p.tiles)} candidate(s)")
+    for rank, t in enumerate(p.tiles):
+        lines.append(f"#{rank + 1}: predicted {t.predicted_s * 1e6:.1f} us, bound by {t.bound}, "
+                     f"{t.num_tasks} parallel tasks")
+        if t.kind == "tiled":
+            lines.append(f"    register tile {t.reg}")
+            lines.append(f"    L1 tile       {t.l1}")
+            lines.append(f"    L2/task tile  {t.l2}")
+        lines.append("    terms (s): " + ", ".join(f"{k}={v:.3g}" for k, v in t.terms.items()))
+    lines += [f"alignment: {n}" for n in best.notes]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Backends: apply an rTile to a PrimFunc for a target."""

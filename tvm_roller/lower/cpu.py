@@ -1,0 +1,295 @@
+"""Apply an rTile to a PrimFunc with ``tvm.s_tir.Schedule`` for the LLVM (CPU) backend.
+
+Tiled (reuse-heavy) functions get the loop nest
+
+    S0 (fused, parallel: one task per L2 tile) · R0 (reduction chunks) · S1 (L1 tiles)
+    · S2 (register tiles) · R1 (the chunk) · S3 (register tile: unrolled, innermost vectorized)
+
+with the accumulator of a task's tile written through a small cache (``cache_write``) and the
+elementwise epilogue inlined into its write-back; padding and layout-preserving prologues are
+inlined into the main block. Memory-bound functions (row reductions, softmax, norms,
+elementwise) are parallelized over rows and vectorized, reductions through ``rfactor``.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from tvm import s_tir, tirx
+
+from ..analysis import FuncAnalysis
+from ..analysis.access import build_access
+from ..errors import UnsupportedError
+from ..rtile import RTile
+
+_UNROLL_STEP = 64
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _block_names(sch: s_tir.Schedule) -> List[str]:
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _axis_loops(sch: s_tir.Schedule, block) -> list:
+    """Loops of ``block`` in the order of its iteration variables (simple bindings only)."""
+    loops = sch.get_loops(block)
+    realize = sch.get_sref(block).stmt
+    blk = sch.get(block)
+    loop_vars = [sch.get(l).loop_var for l in loops]
+    # the realize's bindings: find each iter var's loop
+    binding = _realize_of(sch, block).iter_values
+    out = []
+    for iv, val in zip(blk.iter_vars, binding):
+        hit = [l for l, lv in zip(loops, loop_vars) if lv.same_as(val)]
+        if len(hit) != 1:
+            raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is not bound to a "
+                                   "single loop")
+        out.append(hit[0])
+    del realize
+    return out
+
+
+def _realize_of(sch: s_tir.Schedule, block):
+    loops = sch.get_loops(block)
+    parent = sch.get(loops[-1]).body if loops else sch.get(sch.get_sblock("root")).body
+    name = sch.get(block).name_hint
+    for node in _iter_realizes(parent):
+        if node.block.name_hint == name:
+            return node
+    raise UnsupportedError(f"cannot find the realize of block {name}")
+
+
+def _iter_realizes(stmt):
+    if isinstance(stmt, s_tir.stmt.SBlockRealize):
+        yield stmt
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            yield from _iter_realizes(s)
+    elif hasattr(stmt, "body") and not isinstance(stmt, s_tir.stmt.SBlock):
+        yield from _iter_realizes(stmt.body)
+
+
+def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
+    """A prologue whose innermost write index moves with its innermost read index (padding,
+    broadcast, elementwise): inlining it keeps the consumer's vector loads contiguous."""
+    blk = sch.get(sch.get_sblock(name))
+    vs = [iv.var for iv in blk.iter_vars]
+    w = build_access(blk.writes[0], vs, "write")
+    wi = w.innermost_axis()
+    for r in blk.reads:
+        acc = build_access(r, vs, "read")
+        ri = acc.innermost_axis()
+        if wi is not None and wi in acc.axes_used() and ri != wi:
+            return False
+    return True
+
+
+def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
+    ext = _extent(sch, loop)
+    if ext is None or ext <= 1:
+        return
+    if ext <= lanes:
+        sch.vectorize(loop)
+        return
+    _, inner = sch.split(loop, [None, lanes])
+    sch.vectorize(inner)
+
+
+def _extent(sch: s_tir.Schedule, loop) -> Optional[int]:
+    e = sch.get(loop).extent
+    return int(e.value) if isinstance(e, tirx.IntImm) else None
+
+
+def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
+    """A leftover injective block: fused loops, parallel outer, vectorized inner."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    ext = _extent(sch, inner) or 1
+    if len(loops) > 1:
+        outer = sch.fuse(*loops[:-1])
+        if (_extent(sch, outer) or 1) > 1:
+            sch.parallel(outer)
+        _vectorize_inner(sch, inner, lanes)
+    elif ext >= 2 * lanes * cores:
+        o, i = sch.split(inner, [None, lanes])
+        sch.parallel(o)
+        sch.vectorize(i)
+    else:
+        _vectorize_inner(sch, inner, lanes)
+
+
+# -- tiled ------------------------------------------------------------------------------------------
+def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    lanes = t.vector_lanes
+    leftovers = []
+    for name in reversed(fa.producers):
+        if _layout_preserving(sch, name):
+            sch.compute_inline(sch.get_sblock(name))
+        else:
+            leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
+
+    main = sch.get_sblock(fa.main)
+    loops = _axis_loops(sch, main)
+    S, R = fa.spatial, fa.reduction
+    s0, s1, s2, s3, r0, r1 = [], [], [], [], [], []
+    for i in S:
+        a, b, c, d = sch.split(loops[i], [None, t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
+        s0.append(a); s1.append(b); s2.append(c); s3.append(d)
+    for i in R:
+        a, b = sch.split(loops[i], [None, t.l1[i]])
+        r0.append(a); r1.append(b)
+    v = t.vector_axis
+    s3_vec = None
+    if v is not None:
+        s3_vec = s3[S.index(v)]
+        s3 = [l for l in s3 if not l.same_as(s3_vec)]
+    vec_outer = []
+    if s3_vec is not None and t.reg[v] > lanes and t.reg[v] % lanes == 0:
+        vo, s3_vec = sch.split(s3_vec, [None, lanes])
+        vec_outer = [vo]
+    reg_acc = t.acc_level == "reg"
+    if reg_acc:  # the register tile accumulates over the whole reduction
+        order = s0 + s1 + s2 + r0 + r1 + s3 + vec_outer + ([s3_vec] if s3_vec is not None else [])
+    else:  # the task's tile accumulates in cache, K chunks outermost (BLIS order)
+        order = s0 + r0 + s1 + s2 + r1 + s3 + vec_outer + ([s3_vec] if s3_vec is not None else [])
+    sch.reorder(*order)
+    task = sch.fuse(*s0) if len(s0) > 1 else s0[0]
+    if t.num_tasks > 1:
+        sch.parallel(task)
+
+    # accumulator tile, written back once with the epilogue folded in
+    wb = sch.cache_write(main, 0, "local" if reg_acc else "global")
+    sch.reverse_compute_at(wb, s2[-1] if reg_acc else task)
+    for name in fa.consumers:
+        sch.reverse_compute_inline(sch.get_sblock(name))
+    wb_loops = sch.get_loops(wb)
+    _vectorize_inner(sch, wb_loops[-1], lanes)
+
+    for name in t.pack:
+        _pack_operand(sch, main, name, task, t.reg[v] if v is not None else lanes, lanes)
+
+    for l in s3 + vec_outer:
+        if (_extent(sch, l) or 1) > 1:
+            sch.unroll(l)
+    if s3_vec is not None and (_extent(sch, s3_vec) or 1) > 1:
+        sch.vectorize(s3_vec)
+    sch.annotate(task, "pragma_auto_unroll_max_step", _UNROLL_STEP)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
+
+    for name in leftovers:
+        _parallel_vectorize_block(sch, sch.get_sblock(name), lanes, t.num_tasks)
+
+    if r0:
+        init = sch.decompose_reduction(main, r0[0])
+        inner = sch.get_loops(init)[-1]
+        if 1 < (_extent(sch, inner) or 1) <= lanes:
+            sch.vectorize(inner)
+    return sch
+
+
+def _pack_operand(sch: s_tir.Schedule, main, name: str, at_loop, panel: int, lanes: int) -> None:
+    """Copy a task's slice of a reused operand into a contiguous panel layout:
+    (last // panel, other dims..., last % panel), so the micro-kernel streams it linearly."""
+    reads = [r.source.name for r in sch.get(main).reads]
+    cb = sch.cache_read(main, reads.index(name), "global")
+    sch.compute_at(cb, at_loop, preserve_unit_loops=True)
+    sch.transform_layout(cb, ("write", 0),
+                         lambda *idx: (idx[-1] // panel, *idx[:-1], idx[-1] % panel))
+    _vectorize_inner(sch, sch.get_loops(cb)[-1], lanes)
+
+
+# -- memory-bound kinds ----------------------------------------------------------------------------
+def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0):
+    """Vectorize a reduction over its innermost reduction loop through rfactor; optionally
+    first split it ``split_cores`` ways into independent parallel partial sums."""
+    blk = sch.get(block)
+    red_vars = [i for i, iv in enumerate(blk.iter_vars) if iv.iter_type == 2]
+    loops = sch.get_loops(block)
+    # reduction loops are the innermost ones in create_prim_func order
+    red_loops = loops[len(loops) - len(red_vars):] if red_vars else []
+    if not red_loops:
+        return
+    k = sch.fuse(*red_loops) if len(red_loops) > 1 else red_loops[0]
+    ext = _extent(sch, k) or 1
+    if split_cores > 1 and ext >= split_cores * lanes * 4 and ext % (split_cores * lanes) == 0:
+        kp, kr = sch.split(k, [split_cores, None])
+        rf = sch.rfactor(kp, 0)  # rf[.., kp] = sum over kr: independent per core
+        rloops = sch.get_loops(rf)
+        # rf loops: (..., kp, kr) -> parallel kp, vectorize kr through a second rfactor
+        sch.parallel(rloops[-2])
+        kr = rloops[-1]
+        if (_extent(sch, kr) or 1) % lanes == 0:
+            ko, ki = sch.split(kr, [None, lanes])
+            rf2 = sch.rfactor(ki, 0)
+            sch.vectorize(sch.get_loops(rf2)[-1]) if False else _vectorize_rf(sch, rf2, lanes)
+        return
+    if ext >= lanes and ext % lanes == 0:
+        ko, ki = sch.split(k, [None, lanes])
+        rf = sch.rfactor(ki, 0)
+        _vectorize_rf(sch, rf, lanes)
+
+
+def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
+    """rf block loops are (..., ki, ko): move the lane loop innermost and vectorize it."""
+    loops = sch.get_loops(rf)
+    blk = sch.get(rf)
+    # the lane loop is the one whose extent is ``lanes`` and is spatial in rf: find it by binding
+    lane = None
+    for l in loops:
+        if _extent(sch, l) == lanes:
+            lane = l
+    if lane is None:
+        return
+    sch.reorder(*[l for l in loops if not l.same_as(lane)][-1:], lane)
+    sch.vectorize(lane)
+    del blk
+
+
+def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    lanes = t.vector_lanes
+    names = _block_names(sch)
+    out_name = names[-1]
+    # inline injective stages that feed a single consumer (they are recomputed at no extra cost)
+    for name in names[:-1]:
+        blk = sch.get_sblock(name)
+        if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+            continue
+        if len(sch.get_consumers(blk)) == 1:
+            sch.compute_inline(blk)
+    names = _block_names(sch)
+    out = sch.get_sblock(out_name)
+    out_loops = sch.get_loops(out)
+    out_red = any(iv.iter_type == 2 for iv in sch.get(out).iter_vars)
+    row_loops = out_loops[:-1] if not out_red else out_loops[:len(out_loops) - sum(
+        1 for iv in sch.get(out).iter_vars if iv.iter_type == 2)]
+    rows = 1
+    for l in row_loops:
+        rows *= _extent(sch, l) or 1
+
+    if rows >= 2 * cores:
+        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+        sch.parallel(row)
+        for name in reversed(names[:-1]):
+            sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
+        for name in _block_names(sch):
+            blk = sch.get_sblock(name)
+            if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+                _reduction_rfactor_vectorize(sch, blk, lanes)
+            else:
+                ls = sch.get_loops(blk)
+                inner = [l for l in ls if not l.same_as(row)]
+                if inner:
+                    _vectorize_inner(sch, inner[-1], lanes)
+        return sch
+
+    # few rows: parallelize inside the heavy reduction, the rest is tiny
+    for name in names:
+        blk = sch.get_sblock(name)
+        if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+            _reduction_rfactor_vectorize(sch, blk, lanes, split_cores=cores)
+        elif name == out_name or True:
+            _parallel_vectorize_block(sch, blk, lanes, cores)
+    return sch

@@ -1,0 +1,247 @@
+"""ROLLER construction policy: grow an rTile level by level by data-reuse score, then scale out.
+
+Scale-up: from an aligned unit tile, repeatedly enlarge the axis whose next aligned size has the
+best reuse score S_i = (Q(T) - Q(T'_i)) / (F(T'_i) - F(T)) (Q: traffic into the level, F: the
+tile's footprint in it) while the tile still fits the level. Registers first, then L1, then L2.
+Scale-out: shrink per-core tiles (lowest reuse first) until every core has work, keeping the
+number of tasks a good multiple of the core count (wave quantization). Candidates along the way
+are ranked by the micro-model; the whole construction is deterministic.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .analysis import FuncAnalysis
+from .hardware.model import DeviceModel
+from .perf_model import (accumulator_registers, input_bytes, num_tiles, output_bytes,
+                         predict_streaming, predict_tiled, register_loads)
+from .rtile import RTile, aligned_steps, ceil_div, padding_waste
+
+Tile = Tuple[int, ...]
+L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines
+L2_FILL = 0.5
+PAD_EPS = 0.05  # ROLLER's epsilon: an axis may be padded (predicated) when it wastes <= 5%
+
+
+def _grow(start: Tile, steps: List[List[int]], cost_q: Callable[[Tile], float],
+          cost_f: Callable[[Tile], float], fits: Callable[[Tile], bool]) -> List[Tile]:
+    """Greedy scale-up by reuse score; returns the path of eligible tiles (start first)."""
+    path = [start]
+    cur = start
+    while True:
+        q0, f0 = cost_q(cur), cost_f(cur)
+        best, best_score = None, None
+        for i, cand_sizes in enumerate(steps):
+            bigger = [s for s in cand_sizes if s > cur[i]]
+            if not bigger:
+                continue
+            nxt = list(cur)
+            nxt[i] = bigger[0]
+            nxt = tuple(nxt)
+            if not fits(nxt):
+                continue
+            dq = q0 - cost_q(nxt)
+            df = cost_f(nxt) - f0
+            score = dq / df if df > 0 else (float("inf") if dq > 0 else 0.0)
+            if dq <= 0 and score <= 0:
+                continue
+            key = (score, -i)  # ties: the earlier axis, deterministically
+            if best_score is None or key > best_score:
+                best, best_score = nxt, key
+        if best is None:
+            return path
+        cur = best
+        path.append(cur)
+
+
+def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[str]) -> List[Tile]:
+    v = fa.vector_axis
+    nregs = dev.num_vector_registers
+    steps: List[List[int]] = []
+    start = []
+    for i, a in enumerate(fa.axes):
+        if a.kind == "R" or a.extent == 1:
+            steps.append([1]); start.append(1)
+        elif i == v:
+            if a.extent >= lanes:
+                sizes = aligned_steps(ceil_div(a.extent, lanes) * lanes, lanes, limit=4 * lanes,
+                                      eps=1.0, multiples=(1, 2, 3, 4))
+                notes.append(f"vector axis {a.name}: register tile a multiple of {lanes} "
+                             f"{fa.dtype} lanes (one vector register)")
+            else:
+                sizes = [a.extent]
+                notes.append(f"vector axis {a.name} ({a.extent}) shorter than {lanes} lanes: "
+                             "taken whole, partly filled vectors")
+            steps.append(sizes); start.append(sizes[0])
+        else:  # sizes that tile the axis evenly (or nearly), so no predicate in the kernel
+            steps.append(aligned_steps(a.extent, 1, limit=16, eps=PAD_EPS,
+                                       multiples=tuple(range(1, 17))))
+            start.append(steps[-1][0])
+    start = tuple(start)
+    total_steps = 1
+    for a in fa.axes:
+        if a.kind == "R":
+            total_steps *= a.extent
+
+    def q(t: Tile) -> float:  # loads from L1 over the whole computation
+        return num_tiles(fa, t, fa.spatial) * total_steps * register_loads(fa, t, lanes)
+
+    def f(t: Tile) -> float:  # registers held
+        return accumulator_registers(fa, t, lanes) + register_loads(fa, t, lanes)
+
+    def fits(t: Tile) -> bool:
+        vec_loads = ceil_div(t[v], lanes) if v is not None else 0
+        return accumulator_registers(fa, t, lanes) + vec_loads + 2 <= nregs
+
+    path = _grow(start, steps, q, f, fits)
+    return path[-3:]
+
+
+def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction: bool,
+                 lanes: int, line_elems: int, fixed_red: Optional[Tile] = None) -> List[Tile]:
+    """Grow spatial multiples of ``base`` (and, at L1, reduction chunks) within ``cap_bytes``."""
+    steps: List[List[int]] = []
+    start = list(base)
+    inner_red = _innermost_reduction(fa)
+    for i, a in enumerate(fa.axes):
+        if a.kind == "S":
+            b = base[i]
+            sizes = [m * b for m in range(1, ceil_div(a.extent, b) + 1)
+                     if padding_waste(a.extent, m * b) <= PAD_EPS]
+            steps.append(sorted(set(sizes) | {b}))
+        elif grow_reduction:
+            unit = line_elems if i == inner_red and a.extent >= line_elems else 1
+            steps.append(aligned_steps(a.extent, unit, eps=0.0,
+                                       multiples=tuple(range(1, 257))))
+            start[i] = steps[-1][0]
+        else:
+            steps.append([fixed_red[i]]); start[i] = fixed_red[i]
+    start = tuple(start)
+
+    def q(t: Tile) -> float:
+        red_chunks = num_tiles(fa, t, fa.reduction)
+        return num_tiles(fa, t) * input_bytes(fa, t) + \
+            2 * num_tiles(fa, t, fa.spatial) * red_chunks * output_bytes(fa, t)
+
+    def f(t: Tile) -> float:
+        return input_bytes(fa, t) + output_bytes(fa, t)
+
+    def fits(t: Tile) -> bool:
+        return f(t) <= cap_bytes
+
+    path = _grow(start, steps, q, f, fits)
+    return path[-2:] if len(path) > 1 else path
+
+
+def _innermost_reduction(fa: FuncAnalysis) -> Optional[int]:
+    for acc in fa.reads:
+        ax = acc.innermost_axis()
+        if ax is not None and fa.axes[ax].kind == "R":
+            return ax
+    red = fa.reduction
+    return red[-1] if red else None
+
+
+def _scale_out(fa: FuncAnalysis, l1: Tile, l2: Tile, cores: int) -> Tile:
+    """Shrink the per-core tile until all cores have work with little wave-quantization loss."""
+    def eff(t: Tile) -> float:
+        n = num_tiles(fa, t, fa.spatial)
+        return n / (ceil_div(n, cores) * cores)
+
+    cur = list(l2)
+    # want enough tasks for balance: at least 2 per core when the problem is big enough
+    while True:
+        n = num_tiles(fa, cur, fa.spatial)
+        if n >= cores and eff(tuple(cur)) >= 0.9:
+            break
+        best = None
+        for i in fa.spatial:
+            floor = l1[i] if cur[i] > l1[i] else None
+            if floor is None:
+                continue
+            nxt = list(cur)
+            nxt[i] = max(floor, (cur[i] // 2) // l1[i] * l1[i])
+            if nxt[i] == cur[i]:
+                continue
+            # lowest reuse loss first: the axis whose shrink adds the least traffic
+            cost = num_tiles(fa, nxt) * input_bytes(fa, nxt)
+            key = (eff(tuple(nxt)), -cost, -i)
+            if best is None or key > best[0]:
+                best = (key, nxt)
+        if best is None:
+            break
+        cur = best[1]
+    return tuple(cur)
+
+
+def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int) -> Tile:
+    """Small problems: shrink the L1 tile too so that each core gets a tile."""
+    cur = list(l1)
+    while num_tiles(fa, cur, fa.spatial) < cores:
+        cands = [i for i in fa.spatial if cur[i] > reg[i]]
+        if not cands:
+            break
+        i = max(cands, key=lambda j: (cur[j] // reg[j], -j))
+        cur[i] = max(reg[i], (cur[i] // 2) // reg[i] * reg[i])
+    return tuple(cur)
+
+
+def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+    lanes = dev.simd_lanes(fa.dtype)
+    elem = 8 if fa.dtype == "float64" else 4
+    line_elems = max(1, dev.levels[0].line_bytes // elem)
+    notes: List[str] = []
+    regs = _register_level(fa, dev, lanes, notes)
+    cands = {}
+    for reg in regs:
+        l1s = _cache_level(fa, reg, dev.levels[0].capacity_bytes * L1_FILL, True, lanes,
+                           line_elems)
+        for l1 in l1s:
+            l1 = _split_l1_for_parallelism(fa, reg, l1, dev.num_units)
+            l2s = _cache_level(fa, l1, dev.levels[1].capacity_bytes * L2_FILL, False, lanes,
+                               line_elems, fixed_red=l1)
+            for l2 in l2s:
+                l2 = _scale_out(fa, l1, l2, dev.num_units)
+                t = RTile(kind="tiled", axes=[a.name for a in fa.axes],
+                          extents=[a.extent for a in fa.axes],
+                          axis_kinds="".join(a.kind for a in fa.axes),
+                          reg=list(reg), l1=list(l1), l2=list(l2),
+                          vector_axis=fa.vector_axis, vector_lanes=lanes, notes=list(notes))
+                predict_tiled(fa, dev, t)
+                cands.setdefault(t.key(), t)
+    ranked = sorted(cands.values(), key=lambda t: (t.predicted_s, t.key()))
+    return ranked[:max(1, topk)]
+
+
+def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+    """Reductions and elementwise functions: one row-parallel, vectorized schedule."""
+    lanes = dev.simd_lanes(fa.dtype)
+    elem = 8 if fa.dtype == "float64" else 4
+    rows = 1
+    for a in fa.axes:
+        if a.kind == "S":
+            rows *= a.extent
+    bytes_moved = 0
+    for b in fa.func.params:
+        n = 1
+        for s in b.shape:
+            n *= int(s)
+        bytes_moved += n * elem
+    volume = 1
+    for a in fa.axes:
+        volume *= a.extent
+    t = RTile(kind=fa.kind, axes=[a.name for a in fa.axes], extents=[a.extent for a in fa.axes],
+              axis_kinds="".join(a.kind for a in fa.axes), reg=[1] * len(fa.axes),
+              l1=[a.extent for a in fa.axes], l2=[a.extent for a in fa.axes],
+              vector_axis=fa.vector_axis, vector_lanes=lanes,
+              num_tasks=min(rows, dev.num_units) if rows > 1 else dev.num_units)
+    t.notes.append(f"{fa.kind}: rows parallel over {dev.num_units} cores, "
+                   f"{lanes}-lane vectors (reductions via rfactor)")
+    predict_streaming(fa, dev, t, bytes_moved, float(volume) * len(fa.blocks))
+    return [t]
+
+
+def construct(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+    if fa.kind == "tiled":
+        return construct_tiled(fa, dev, topk)
+    return construct_streaming(fa, dev, topk)

@@ -1,0 +1,81 @@
+"""rTile: a tile shape per memory level, plus the alignment rules that make it hardware-friendly.
+
+An ``RTile`` is plain data (it prints and round-trips through JSON): the policy builds it, the
+micro-model annotates it, and a backend's lowering applies it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+
+@dataclass
+class RTile:
+    """A constructed schedule for one PrimFunc's main block.
+
+    Tiles are per axis of the main block, in block-axis order. ``reg`` is the register tile
+    (reduction axes 1), ``l1`` the tile swept while it sits in L1 (spatial and reduction chunk),
+    ``l2`` the per-task tile (spatial; reduction equal to ``l1``'s chunk) that one core owns.
+    """
+
+    kind: str  # "tiled", "reduction", "elementwise"
+    axes: List[str]
+    extents: List[int]
+    axis_kinds: str  # e.g. "SSSR"
+    reg: List[int]
+    l1: List[int]
+    l2: List[int]
+    vector_axis: Optional[int]
+    vector_lanes: int
+    acc_level: str = "task"  # where the accumulator lives: "reg" (full reduction) or "task"
+    num_tasks: int = 1  # parallel tasks (L2 tiles or row chunks)
+    pack: List[str] = field(default_factory=list)  # operands packed into a contiguous tile
+    unroll: int = 0  # auto-unroll step for the micro-kernel
+    predicted_s: float = 0.0
+    bound: str = ""  # the term that bounds the prediction: compute / L1 / L2 / DRAM / ...
+    terms: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)  # alignment and policy decisions, for explain
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RTile":
+        return cls(**json.loads(text))
+
+    def key(self) -> tuple:
+        return (tuple(self.reg), tuple(self.l1), tuple(self.l2), tuple(self.pack))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def padding_waste(extent: int, tile: int) -> float:
+    """Fraction of extra work if ``extent`` is padded up to a multiple of ``tile``."""
+    return (ceil_div(extent, tile) * tile - extent) / extent
+
+
+def aligned_steps(extent: int, base: int, limit: Optional[int] = None, eps: float = 0.25,
+                  multiples: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24,
+                                              28, 32, 48, 64, 96, 128)) -> List[int]:
+    """Candidate tile sizes along one axis: multiples of ``base`` (the alignment unit).
+
+    A size that does not divide ``extent`` is kept only when padding the axis to it wastes at
+    most ``eps`` of the work (ROLLER's tensor-shape alignment); the full extent is always a
+    candidate, so small and prime axes can be taken whole.
+    """
+    limit = extent if limit is None else min(limit, extent)
+    out = []
+    for m in multiples:
+        t = m * base
+        if t > limit:
+            break
+        if extent % t == 0 or padding_waste(extent, t) <= eps:
+            out.append(t)
+    if extent <= limit and extent not in out:
+        out.append(extent)
+    if not out:
+        out.append(min(base, extent))
+    return sorted(set(out))
