@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 
 from .analysis import FuncAnalysis, analyze, unwrap_func
 from .errors import FallbackWarning, UnsupportedError
-from .hardware.model import DeviceModel
+from .hardware import DeviceModel
 from .rtile import RTile
 
 TargetLike = Union[tvm.target.Target, dict, str]

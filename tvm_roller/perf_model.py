@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple
 
 from .analysis import FuncAnalysis
-from .hardware.model import DeviceModel
+from .hardware import DeviceModel
 from .rtile import RTile, ceil_div
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)

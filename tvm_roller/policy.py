@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .analysis import FuncAnalysis
-from .hardware.model import DeviceModel
+from .hardware import DeviceModel
 from .perf_model import (accumulator_registers, input_bytes, num_tiles, output_bytes,
                          predict_streaming, predict_tiled, register_loads)
 from .rtile import RTile, aligned_steps, ceil_div, padding_waste

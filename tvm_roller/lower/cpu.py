@@ -83,6 +83,10 @@ def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
     return True
 
 
+def _is_vectorized(sch: s_tir.Schedule, loop) -> bool:
+    return int(sch.get(loop).kind) == 2  # ForKind.VECTORIZED
+
+
 def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
     ext = _extent(sch, loop)
     if ext is None or ext <= 1:
@@ -270,19 +274,25 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         rows *= _extent(sch, l) or 1
 
     if rows >= 2 * cores:
+        # vectorize reductions first (rfactor wants them at the root), then nest every stage
+        # under the output's parallel row loop so a row stays in cache between stages
+        for name in names[:-1]:
+            blk = sch.get_sblock(name)
+            if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+                _reduction_rfactor_vectorize(sch, blk, lanes)
+        out_loops = sch.get_loops(out)
+        row_loops = out_loops[:len(row_loops)]
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
         sch.parallel(row)
-        for name in reversed(names[:-1]):
+        for name in reversed(_block_names(sch)[:-1]):
             sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         for name in _block_names(sch):
             blk = sch.get_sblock(name)
             if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
-                _reduction_rfactor_vectorize(sch, blk, lanes)
-            else:
-                ls = sch.get_loops(blk)
-                inner = [l for l in ls if not l.same_as(row)]
-                if inner:
-                    _vectorize_inner(sch, inner[-1], lanes)
+                continue
+            ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
+            if ls and not _is_vectorized(sch, ls[-1]):
+                _vectorize_inner(sch, ls[-1], lanes)
         return sch
 
     # few rows: parallelize inside the heavy reduction, the rest is tiny
