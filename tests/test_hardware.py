@@ -1,0 +1,202 @@
+"""Tests of tvm_roller.hardware: presets, target completion, models from targets, the cache."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import tvm
+
+from tvm_roller.errors import UnsupportedError
+from tvm_roller.hardware import (DeviceModel, MemoryLevel, cache_dir, calibrate, from_target,
+                                 list_presets, normalize_target, preset, target_completion_notes)
+from tvm_roller.hardware import cache as hw_cache
+from tvm_roller.hardware import cpu as hw_cpu
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test gets an empty calibration cache: results never depend on this machine's."""
+    monkeypatch.setenv("TVM_ROLLER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _attrs(target: tvm.target.Target) -> dict:
+    return json.loads(json.dumps(hw_cpu._plain(target.export())))
+
+
+# -- presets ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["x86-avx2", "x86-avx512", "arm-neon"])
+def test_preset_round_trips_through_json(name):
+    m = preset(name)
+    assert DeviceModel.from_json(m.to_json()) == m
+    assert m.kind == "cpu" and m.levels[-1].name == "DRAM" and m.levels[-1].shared
+    fma = m.extra["fma_units"]
+    lanes = m.simd_lanes("float32")
+    assert m.peak_gflops["float32"] == pytest.approx(m.num_units * m.frequency_ghz * fma * 2 * lanes)
+    assert all(l.bandwidth_gbs > 0 and l.capacity_bytes > 0 for l in m.levels)
+
+
+def test_preset_isa_shapes():
+    assert (preset("x86-avx2").simd_bytes, preset("x86-avx2").num_vector_registers) == (32, 16)
+    assert (preset("x86-avx512").simd_bytes, preset("x86-avx512").num_vector_registers) == (64, 32)
+    assert (preset("arm-neon").simd_bytes, preset("arm-neon").num_vector_registers) == (16, 32)
+    assert set(list_presets()) >= {"x86-avx2", "x86-avx512", "arm-neon"}
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(UnsupportedError, match="x86-avx512"):
+        preset("pdp-11")
+
+
+# -- normalize_target -------------------------------------------------------------------------
+def test_normalize_completes_mcpu_and_cores():
+    t = normalize_target({"kind": "llvm"})
+    a = _attrs(t)
+    assert a["mcpu"] == hw_cpu.host_cpu()
+    assert a["num-cores"] == hw_cpu.host_physical_cores() >= 1
+    notes = target_completion_notes({"kind": "llvm"})
+    assert any("mcpu was not given" in n and hw_cpu.host_cpu() in n for n in notes)
+    assert any("num-cores" in n for n in notes)
+
+
+def test_normalize_keeps_given_values():
+    spec = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 3, "mattr": ["+avx512f"]}
+    for form in (spec, json.dumps(spec), tvm.target.Target(spec)):
+        a = _attrs(normalize_target(form))
+        assert (a["mcpu"], a["num-cores"], a["mattr"]) == ("skylake-avx512", 3, ["+avx512f"])
+        assert target_completion_notes(form) == []
+
+
+def test_normalize_old_cli_string():
+    t = normalize_target("llvm -mcpu=haswell -num-cores=4 -mattr=+avx2,+fma")
+    a = _attrs(t)
+    assert (a["mcpu"], a["num-cores"], a["mattr"]) == ("haswell", 4, ["+avx2", "+fma"])
+    assert any("CLI" in n for n in target_completion_notes("llvm -mcpu=haswell -num-cores=4"))
+    with pytest.raises(UnsupportedError, match="dict form"):
+        normalize_target("llvm -mcpu=haswell -fast-math")
+
+
+def test_normalize_leaves_other_kinds_alone():
+    assert normalize_target("c").kind.name == "c"
+    cuda = normalize_target("nvidia/nvidia-h100")
+    assert cuda.kind.name == "cuda" and _attrs(cuda)["arch"] == "sm_90a"
+    with pytest.raises(UnsupportedError):
+        normalize_target({"kind": "no-such-kind"})
+
+
+def test_normalize_cross_target_not_completed_from_host():
+    spec = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    a = _attrs(normalize_target(spec))
+    assert "mcpu" not in a and "num-cores" not in a
+    assert any("not the host" in n for n in target_completion_notes(spec))
+
+
+# -- from_target ------------------------------------------------------------------------------
+def test_from_target_skylake_avx512():
+    m = from_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    assert (m.simd_bytes, m.num_vector_registers, m.isa, m.num_units) == (64, 32, "avx512", 2)
+    assert m.source.startswith("estimated")
+    fma = m.extra["fma_units"]
+    assert m.peak_gflops["float32"] == pytest.approx(2 * m.frequency_ghz * fma * 2 * 16, rel=1e-3)
+    assert DeviceModel.from_json(m.to_json()) == m
+
+
+def test_from_target_arm_is_neon():
+    m = from_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
+                     "num-cores": 4})
+    assert (m.isa, m.simd_bytes, m.num_vector_registers, m.num_units) == ("neon", 16, 32, 4)
+    assert "float16" in m.peak_gflops
+
+
+def test_from_target_isa_table_without_llvm_query(monkeypatch):
+    def no_query(*args):
+        raise RuntimeError("feature query unavailable")
+
+    monkeypatch.setattr(hw_cpu._cg, "llvm_get_cpu_features", no_query)
+    assert from_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}).isa == "avx512"
+    assert from_target({"kind": "llvm", "mcpu": "znver2", "num-cores": 2}).simd_bytes == 32
+    assert from_target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2}).simd_bytes == 16
+
+
+def test_from_target_host_without_sys(monkeypatch, tmp_path):
+    monkeypatch.setattr(hw_cpu, "SYS_CPU", tmp_path / "no-sys")
+    monkeypatch.setattr(hw_cpu, "PROC_CPUINFO", tmp_path / "no-cpuinfo")
+    m = from_target({"kind": "llvm", "num-cores": 2})  # the host's mcpu, but no /sys, no /proc
+    assert m.num_units == 2 and m.levels[-1].name == "DRAM"
+    assert all(l.bandwidth_gbs > 0 and l.capacity_bytes > 0 for l in m.levels)
+    assert m.frequency_ghz > 0 and m.peak_gflops["float32"] > 0
+
+
+def test_from_target_rejects_gpu_kinds():
+    with pytest.raises(UnsupportedError):
+        from_target("nvidia/nvidia-h100")
+
+
+# -- cache ------------------------------------------------------------------------------------
+def _fake_calibrated(cores: int) -> DeviceModel:
+    m = from_target({"kind": "llvm", "num-cores": cores}, use_cache=False)
+    m.levels = [MemoryLevel(l.name, l.capacity_bytes, l.line_bytes, l.bandwidth_gbs * 0.5, l.shared)
+                for l in m.levels]
+    return m
+
+
+def test_cache_dir_follows_env(private_cache):
+    assert cache_dir() == private_cache
+
+
+def test_cache_round_trip_is_used_by_from_target(private_cache):
+    key = hw_cache.calibration_key(hw_cpu.host_cpu(), hw_cpu.host_cpu(), 2)
+    fake = _fake_calibrated(2)
+    path = hw_cache.save_calibration(key, fake)
+    assert path.parent.parent == private_cache and not list(path.parent.glob("*.tmp"))
+    got = from_target({"kind": "llvm", "num-cores": 2})
+    assert got.source == f"calibrated:{path}"
+    assert [l.bandwidth_gbs for l in got.levels] == [l.bandwidth_gbs for l in fake.levels]
+    # a different core count is a different key: estimated again
+    assert from_target({"kind": "llvm", "num-cores": 3}).source.startswith("estimated")
+
+
+@pytest.mark.parametrize("content", ["{\"format\": 1, \"key\": \"k\", \"model\": {\"na",
+                                     "[]", "{\"format\": 1, \"model\": {\"name\": 3}}", "\xff\xfe"])
+def test_corrupted_cache_is_ignored_with_warning(content):
+    key = hw_cache.calibration_key(hw_cpu.host_cpu(), hw_cpu.host_cpu(), 2)
+    path = hw_cache.save_calibration(key, _fake_calibrated(2))
+    path.write_text(content, encoding="latin-1")
+    with pytest.warns(UserWarning, match="ignoring unreadable calibration cache"):
+        assert hw_cache.load_calibration(key) is None
+    with pytest.warns(UserWarning):
+        m = from_target({"kind": "llvm", "num-cores": 2})
+    assert m.source.startswith("estimated")
+
+
+def test_missing_cache_entry_is_silent():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hw_cache.load_calibration("nothing-here") is None
+
+
+# -- calibration ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_quick_calibration_measures_something(private_cache):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a busy machine warns about its load average
+        m = calibrate(quick=True)
+    assert m.source.startswith("calibrated:")
+    path = Path(m.source.split(":", 1)[1])
+    assert path.is_file() and private_cache in path.parents
+    assert 1.0 < m.peak_gflops["float32"] < 1e5
+    assert all(0.1 < l.bandwidth_gbs < 1e5 for l in m.levels)
+    assert from_target({"kind": "llvm", "num-cores": m.num_units}).source == m.source
+
+
+def test_calibrate_refuses_foreign_targets():
+    with pytest.raises(UnsupportedError):
+        calibrate({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"})
+    with pytest.raises(UnsupportedError):
+        calibrate("nvidia/nvidia-h100")
+    if "amx-tile" not in hw_cpu.detect_isa({"kind": "llvm", "mcpu": hw_cpu.host_cpu()})[1]:
+        # an ISA this host lacks would SIGILL in the kernels: refused before running anything
+        with pytest.raises(UnsupportedError, match="lacks"):
+            calibrate({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})

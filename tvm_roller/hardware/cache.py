@@ -1,0 +1,94 @@
+"""On-disk cache of calibrated device models.
+
+Layout: ``<cache_dir()>/calibration/<key>.json`` holding ``{"format": 1, "key": ..., "model": {...}}``.
+The directory is ``$TVM_ROLLER_CACHE`` or ``~/.cache/tvm-roller``. Files are written atomically
+(temporary file in the same directory + ``os.replace``) so a reader never sees half a file from a
+concurrent writer; a file that is nevertheless unreadable (truncated, hand-edited, older format)
+is ignored with a warning so the caller falls back to estimated numbers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .model import DeviceModel
+
+CACHE_ENV = "TVM_ROLLER_CACHE"
+_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """``$TVM_ROLLER_CACHE`` if set, else ``~/.cache/tvm-roller`` (not created by this call)."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tvm-roller"
+
+
+def calibration_key(host_cpu: str, mcpu: str, num_cores: int, mattr: Sequence[str] = ()) -> str:
+    """Key of one calibration: the host CPU it ran on, the target mcpu (+ mattr), the core count."""
+    raw = f"{host_cpu}__{mcpu}__{int(num_cores)}c"
+    if mattr:  # "-avx512f" changes the code, hence the numbers
+        raw += "__" + ",".join(sorted(mattr))
+    return re.sub(r"[^A-Za-z0-9._-]", "_", raw)  # keys become file names
+
+
+def calibration_path(key: str) -> Path:
+    return cache_dir() / "calibration" / f"{key}.json"
+
+
+def _check(model: DeviceModel) -> None:
+    # A syntactically valid file can still be useless (zeros from an aborted run, hand edits).
+    if not model.levels:
+        raise ValueError("no memory levels")
+    if not model.peak_gflops.get("float32", 0.0) > 0.0:
+        raise ValueError("float32 peak is not positive")
+    for lvl in model.levels:
+        if not (lvl.bandwidth_gbs > 0.0 and lvl.capacity_bytes > 0):
+            raise ValueError(f"level {lvl.name} has a non-positive bandwidth or capacity")
+
+
+def load_calibration(key: str) -> Optional[DeviceModel]:
+    """The cached model for ``key``, or None when there is none or it cannot be read (warns)."""
+    path = calibration_path(key)
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
+            raise ValueError(f"not a format-{_FORMAT} calibration record")
+        model = DeviceModel.from_json(json.dumps(payload["model"]))
+        _check(model)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        # json.JSONDecodeError is a ValueError; bad fields give TypeError/KeyError in from_json.
+        warnings.warn(
+            f"ignoring unreadable calibration cache file {path} ({type(err).__name__}: {err}); "
+            "estimated numbers are used instead. Re-run tvm_roller.hardware.calibrate() to rebuild it.",
+            stacklevel=2,
+        )
+        return None
+    model.source = f"calibrated:{path}"
+    return model
+
+
+def save_calibration(key: str, model: DeviceModel) -> Path:
+    """Write ``model`` under ``key`` atomically; returns the file path."""
+    path = calibration_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": _FORMAT, "key": key, "model": json.loads(model.to_json())}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # never leave temporary files behind; the error itself propagates
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

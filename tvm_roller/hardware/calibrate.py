@@ -1,0 +1,269 @@
+"""Measure this machine with small TVM-built micro-kernels and cache the result.
+
+* peak fp32: an accumulator tile of MR x (2 * lanes) floats updated by FMAs over a long reduction
+  whose operands (a few KiB) stay in L1; the tile lives in vector registers (checked in the asm);
+  one tile per core, parallel over all cores.
+* bandwidth per level: each core sums its own slice of a buffer repeatedly, with 8 vector
+  accumulators (a 2-D reduction whose inner spatial axis is vectorised), so the loop is bound by
+  loads, not by add latency. Working sets: 1/2 of L1, 1/2 of L2, 1/2 of the per-core share of L3,
+  and 4x the whole last-level cache for DRAM.
+
+The kernels run in a child Python process started with ``TVM_NUM_THREADS=<num-cores>``: TVM's
+thread pool is sized once per process and by default assumes 2-way SMT on x86 (half the logical
+CPUs), so on a 2-vCPU machine an in-process run would use one thread and under-report shared
+bandwidth and peak. The child also isolates the caller from a crash in a generated kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..errors import UnsupportedError
+from . import cache as _cache
+from .cpu import TargetLike, _arch, _plain, detect_isa, from_target, host_cpu, \
+    host_physical_cores, host_triple, normalize_target, target_mattr
+from .model import DeviceModel, MemoryLevel
+
+_MARK = "TVM_ROLLER_CALIBRATION_RESULT "
+# ISA features a calibration target may use only if the host has them (else: SIGILL).
+_ISA_FEATURE = re.compile(r"^(avx|amx|fma|f16c|sse|sve|sme|neon|fullfp16|dotprod|i8mm|bf16)")
+
+
+# ---------------------------------------------------------------------------------------------
+# child side: build and time the kernels
+# ---------------------------------------------------------------------------------------------
+def _time(ex: Any, dev: Any, args: List[Any], quick: bool) -> float:
+    """Best (min) seconds per call: a throughput ceiling, robust to noisy neighbours."""
+    f = ex.mod.time_evaluator("main", dev, number=1, repeat=3 if quick else 7,
+                              min_repeat_ms=30 if quick else 150)
+    return float(min(f(*args).results))
+
+
+def _peak_kernel(tgt: Any, cores: int, lanes: int, regs: int, quick: bool) -> Dict[str, Any]:
+    import numpy as np
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    nr = 2 * lanes  # two vector registers per accumulator row
+    mr = max(1, min(8, (regs - 4) // 2))  # rows: 2*mr accumulators + 2 B vectors + broadcasts
+    k_len = 64  # A (k*mr) + B (k*nr) floats: a few KiB, stays in L1
+    rep = max(1, int(4e7 // (2 * mr * nr * k_len)))  # ~40 MFLOP per core per call
+    A = te.placeholder((cores, k_len, mr), "float32", name="A")
+    B = te.placeholder((cores, k_len, nr), "float32", name="B")
+    r = te.reduce_axis((0, rep), "r")
+    k = te.reduce_axis((0, k_len), "k")
+    C = te.compute((cores, mr, nr), lambda p, i, j: te.sum(A[p, k, i] * B[p, k, j], axis=[r, k]),
+                   name="C")
+    sch = Schedule(tvm.IRModule({"main": te.create_prim_func([A, B, C])}))
+    blk = sch.get_sblock("C")
+    p, i, j, rr, kk = sch.get_loops(blk)
+    k0, k1 = sch.split(kk, [None, 4])
+    sch.reorder(p, rr, k0, k1, i, j)
+    acc = sch.cache_write(blk, 0, "local")  # the register tile
+    sch.reverse_compute_at(acc, p)
+    sch.parallel(p)
+    sch.unroll(k1)
+    sch.unroll(i)
+    sch.vectorize(j)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    init = sch.decompose_reduction(blk, rr)  # last: annotations above need the undecomposed block
+    sch.vectorize(sch.get_loops(init)[-1])
+    ex = tvm.compile(sch.mod, tgt)
+    dev = tvm.cpu(0)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor((rng.random((cores, k_len, mr)) * 1e-3).astype("float32"), dev),
+            tvm.runtime.tensor((rng.random((cores, k_len, nr)) * 1e-3).astype("float32"), dev),
+            tvm.runtime.empty((cores, mr, nr), "float32", dev)]
+    sec = _time(ex, dev, args, quick)
+    asm = ex.mod.inspect_source("asm")
+    fma_lines = [l for l in asm.splitlines() if re.search(r"\bvfmadd\d*ps\b|\bfmla\b|\bvfmaddps\b", l)]
+    return {
+        "gflops": 2.0 * cores * mr * nr * k_len * rep / sec / 1e9,
+        "tile": [mr, nr],
+        "fma_lines": len(fma_lines),
+        "zmm_fma_lines": sum("zmm" in l for l in fma_lines),
+        "ymm_fma_lines": sum("ymm" in l for l in fma_lines),
+    }
+
+
+def _read_kernel(tgt: Any, cores: int, lanes: int, ws_bytes: int, quick: bool) -> float:
+    """GB/s (all cores together) of repeatedly summing a per-core buffer of ~ws_bytes."""
+    import numpy as np
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    width = 8 * lanes  # 8 independent vector accumulators hide the add latency
+    m_len = max(1, ws_bytes // 4 // width)
+    per_call = 16 << 20 if quick else 48 << 20  # bytes per core per call: amortise the launch
+    rep = max(1, per_call // (m_len * width * 4))
+    X = te.placeholder((cores, m_len * width), "float32", name="X")
+    r = te.reduce_axis((0, rep), "r")
+    m = te.reduce_axis((0, m_len), "m")
+    S = te.compute((cores, width), lambda p, j: te.sum(X[p, m * width + j], axis=[r, m]), name="S")
+    sch = Schedule(tvm.IRModule({"main": te.create_prim_func([X, S])}))
+    blk = sch.get_sblock("S")
+    p, j, rr, mm = sch.get_loops(blk)
+    sch.reorder(p, rr, mm, j)
+    acc = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(acc, p)
+    j0, j1 = sch.split(j, [None, lanes])
+    sch.parallel(p)
+    sch.unroll(j0)
+    sch.vectorize(j1)
+    sch.vectorize(sch.get_loops(acc)[-1])
+    init = sch.decompose_reduction(blk, rr)
+    sch.vectorize(sch.get_loops(init)[-1])
+    ex = tvm.compile(sch.mod, tgt)
+    dev = tvm.cpu(0)
+    # ones, not uninitialised memory: denormals/NaNs can slow some FP units down
+    x = tvm.runtime.tensor(np.ones((cores, m_len * width), "float32"), dev)
+    s = tvm.runtime.empty((cores, width), "float32", dev)
+    sec = _time(ex, dev, [x, s], quick)
+    got = float(s.numpy()[0, 0])
+    if abs(got - m_len * rep) > 1e-3 * m_len * rep:
+        raise RuntimeError(f"bandwidth kernel computed {got}, expected {m_len * rep}")
+    return cores * m_len * width * 4 * rep / sec / 1e9
+
+
+def _child_main() -> None:
+    """Entry point of the measuring process: spec JSON on stdin, result line on stdout."""
+    spec = json.loads(sys.stdin.read())
+    import tvm
+    import tvm_ffi
+
+    t0 = time.time()
+    tgt = tvm.target.Target(spec["target"])
+    cores, lanes, quick = spec["cores"], spec["lanes"], spec["quick"]
+    out: Dict[str, Any] = {"threads": int(tvm_ffi.get_global_func("runtime.NumThreads")())}
+    out["peak"] = _peak_kernel(tgt, cores, lanes, spec["regs"], quick)
+    out["bandwidth"] = {lv["name"]: _read_kernel(tgt, cores, lanes, lv["ws_bytes"], quick)
+                        for lv in spec["levels"]}
+    out["seconds"] = time.time() - t0
+    print(_MARK + json.dumps(out), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# parent side
+# ---------------------------------------------------------------------------------------------
+def _check_runs_here(spec: Dict[str, Any]) -> None:
+    triple = str(spec.get("mtriple") or host_triple())
+    if _arch(triple) != _arch(host_triple()):
+        raise UnsupportedError(f"cannot calibrate a {triple} target on a {host_triple()} host")
+    _, feats = detect_isa(spec)
+    _, host_feats = detect_isa({"kind": "llvm", "mcpu": host_cpu()})
+    if feats and host_feats:
+        missing = sorted(f for f in feats - host_feats if _ISA_FEATURE.match(f))
+        if missing:
+            raise UnsupportedError(
+                f"cannot calibrate mcpu={spec.get('mcpu')} on this {host_cpu()} host: it lacks "
+                f"{', '.join(missing)} (the kernels would die with an illegal instruction)")
+
+
+def _working_sets(levels: List[MemoryLevel], cores: int) -> List[Dict[str, Any]]:
+    plan = []
+    caches = levels[:-1]
+    for lv in caches:
+        per_core = lv.capacity_bytes // cores if lv.shared else lv.capacity_bytes
+        plan.append({"name": lv.name, "ws_bytes": max(4096, per_core // 2)})
+    llc_total = max([lv.capacity_bytes * (1 if lv.shared else cores) for lv in caches] or [8 << 20])
+    plan.append({"name": levels[-1].name, "ws_bytes": max(32 << 20, 4 * llc_total) // cores})
+    return plan
+
+
+def _run_child(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+    env = dict(os.environ)
+    env["TVM_NUM_THREADS"] = str(spec["cores"])
+    # make this package importable in the child even when it is not installed
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    code = "from tvm_roller.hardware.calibrate import _child_main; _child_main()"
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(spec), env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"calibration process failed (exit {proc.returncode}):\n"
+                           f"{(proc.stderr or proc.stdout)[-3000:]}")
+    return json.loads(lines[-1][len(_MARK):])
+
+
+def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
+              save: bool = True) -> DeviceModel:
+    """Measure peak fp32 GFLOP/s and per-level read bandwidth on this machine for ``target``
+    (default: the host CPU with all its physical cores), cache the result (unless ``save`` is
+    False) and return the DeviceModel (source ``calibrated:<file>``)."""
+    tgt = normalize_target(target if target is not None else {"kind": "llvm"})
+    if tgt.kind.name != "llvm":
+        raise UnsupportedError(f"calibrate() measures CPUs (llvm targets), not {tgt.kind.name!r}")
+    spec = _plain(tgt.export())
+    _check_runs_here(spec)
+    # this machine's capacities and clock even for a non-host mcpu (e.g. x86-64-v3 on a znver4)
+    est = from_target(tgt, use_cache=False, host_caches=True)
+    cores = est.num_units
+    if cores > host_physical_cores():
+        warnings.warn(f"calibrating {cores} cores on a host with {host_physical_cores()}: threads "
+                      "will share cores and the numbers describe that oversubscription", stacklevel=2)
+    lanes = est.simd_lanes("float32")
+    child_spec = {"target": spec, "cores": cores, "lanes": lanes, "quick": quick,
+                  "regs": est.num_vector_registers, "levels": _working_sets(est.levels, cores)}
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on every platform
+        load = 0.0
+    if load > 0.5 * cores:
+        # other work on the cores makes every number below come out low; say so, keep going
+        warnings.warn(f"load average is {load:.2f} on {cores} cores: calibration numbers will be "
+                      "low while other processes run", stacklevel=2)
+    t0 = time.time()
+    res = _run_child(child_spec, timeout_s=300)
+    wall = time.time() - t0
+
+    if res["threads"] != cores:
+        warnings.warn(f"TVM ran the calibration with {res['threads']} threads for {cores} cores; "
+                      "shared-level bandwidth and peak may be off", stacklevel=2)
+    peak = res["peak"]
+    vec_reg = {"avx512": "zmm_fma_lines", "avx2": "ymm_fma_lines"}.get(est.isa)
+    if peak["fma_lines"] == 0 or (vec_reg and peak[vec_reg] == 0):
+        warnings.warn(f"the peak kernel did not compile to {est.isa} vector FMAs; "
+                      "the measured peak is a lower bound", stacklevel=2)
+
+    levels = []
+    for lv in est.levels:
+        total = res["bandwidth"][lv.name]
+        # MemoryLevel convention: per core for private levels, whole chip for shared ones
+        bw = total if lv.shared else total / cores
+        levels.append(MemoryLevel(lv.name, lv.capacity_bytes, lv.line_bytes, round(bw, 3), lv.shared))
+    fp32 = peak["gflops"]
+    scale = fp32 / est.peak_gflops["float32"]
+    # only fp32 is measured; other dtypes keep their estimated ratio to fp32
+    peak_gflops = {dt: round(v * scale, 3) for dt, v in est.peak_gflops.items()}
+    peak_gflops["float32"] = round(fp32, 3)
+
+    extra = dict(est.extra)
+    extra.update({
+        "estimated_peak_float32": est.peak_gflops["float32"],
+        "calibration_seconds": round(wall, 2),
+        "calibration_threads": float(res["threads"]),
+        "calibration_quick": float(quick),
+        "calibration_load_avg": round(load, 2),
+        "peak_tile_rows": float(peak["tile"][0]),
+        "peak_tile_cols": float(peak["tile"][1]),
+    })
+    mcpu = str(spec.get("mcpu"))
+    key = _cache.calibration_key(host_cpu(), mcpu, cores, target_mattr(spec))
+    model = DeviceModel(
+        name=f"{mcpu} x{cores} (host, calibrated)", kind="cpu", num_units=cores,
+        simd_bytes=est.simd_bytes, num_vector_registers=est.num_vector_registers, levels=levels,
+        peak_gflops=peak_gflops, frequency_ghz=est.frequency_ghz, isa=est.isa,
+        source=f"calibrated:{_cache.calibration_path(key)}", extra=extra)
+    if save:
+        model.source = f"calibrated:{_cache.save_calibration(key, model)}"
+    return model

@@ -1,0 +1,457 @@
+"""CPU targets: complete a TVM target from the host, and turn an llvm target into a DeviceModel.
+
+Numbers come from, in order of preference:
+  1. a calibration cache entry for (host CPU, target mcpu, num-cores)  -> source "calibrated:<file>";
+  2. the host's /sys cache description and /proc/cpuinfo frequency when the target's mcpu is the
+     host CPU, with bandwidths/peak estimated from the preset of the same ISA -> "estimated:sysfs...";
+  3. the preset of the same ISA, rescaled to the target's core count      -> "estimated:preset ...".
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
+
+import tvm
+from tvm.target import Target
+from tvm.target import codegen as _cg
+
+from ..errors import UnsupportedError
+from . import cache as _cache
+from .model import DeviceModel, MemoryLevel
+from .presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
+
+TargetLike = Union[Target, Dict[str, Any], str]
+
+# Paths are module attributes so tests (and odd hosts) can point them elsewhere.
+SYS_CPU = Path("/sys/devices/system/cpu")
+PROC_CPUINFO = Path("/proc/cpuinfo")
+
+# Fallback when LLVM cannot be asked for the features of an mcpu (unknown name, backend missing).
+_MCPU_ISA: Dict[str, str] = {
+    **{c: "avx512" for c in (
+        "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+        "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+        "graniterapids", "graniterapids-d", "diamondrapids", "znver4", "znver5", "x86-64-v4")},
+    **{c: "avx2" for c in (
+        "haswell", "broadwell", "skylake", "kabylake", "coffeelake", "cometlake", "alderlake",
+        "raptorlake", "meteorlake", "arrowlake", "lunarlake", "gracemont", "znver1", "znver2",
+        "znver3", "x86-64-v3", "bdver4")},
+    **{c: "sse" for c in ("generic", "x86-64", "x86-64-v2", "nehalem", "westmere",
+                          "sandybridge", "ivybridge", "core2", "btver2")},
+}
+_ARM_CPU_PREFIXES = ("neoverse", "cortex-a", "cortex-x", "apple-", "a64fx", "ampere", "carmel",
+                     "thunderx", "kryo", "exynos", "falkor", "saphira", "tsv110", "oryon")
+
+# Vector FMAs per cycle (at the ISA's full width) where a CPU differs from its ISA preset's 2.
+_FMA_UNITS: Dict[Tuple[str, str], int] = {
+    ("znver4", "avx512"): 1,  # Zen 4 runs a zmm FMA on both of its 256-bit pipes (double-pumped)
+    ("icelake-client", "avx512"): 1, ("tigerlake", "avx512"): 1,  # client parts: one 512-bit
+    ("rocketlake", "avx512"): 1, ("cannonlake", "avx512"): 1,     # FMA port (port 0+1 fused)
+    ("znver1", "avx2"): 1,  # Zen 1: 2 x 128-bit FMA pipes = one ymm FMA per cycle
+    ("cortex-a53", "neon"): 1, ("cortex-a55", "neon"): 1,  # little in-order cores
+}
+_REGS = {"avx512": 32, "avx2": 16, "sse": 16, "neon": 32}
+_SIMD = {"avx512": 64, "avx2": 32, "sse": 16, "neon": 16}
+
+
+# ---------------------------------------------------------------------------------------------
+# host facts
+# ---------------------------------------------------------------------------------------------
+def host_cpu() -> str:
+    """LLVM's name for the host CPU (e.g. "znver4", "emeraldrapids")."""
+    return str(_cg.llvm_get_system_cpu())
+
+
+def host_triple() -> str:
+    return str(_cg.llvm_get_system_triple())
+
+
+def _arch(triple: str) -> str:
+    a = triple.split("-", 1)[0].lower()
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(a, a)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _parse_cpulist(text: Optional[str]) -> Set[int]:
+    """'0-3,8' -> {0,1,2,3,8}; empty set on None/garbage."""
+    cpus: Set[int] = set()
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return set()
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _allowed_cpus() -> Set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def host_physical_cores() -> int:
+    """Physical cores this process may run on (SMT siblings counted once)."""
+    allowed = _allowed_cpus()
+    cores: Set[Tuple[str, str]] = set()
+    for c in allowed:
+        topo = SYS_CPU / f"cpu{c}" / "topology"
+        pkg, core = _read(topo / "physical_package_id"), _read(topo / "core_id")
+        if pkg is None or core is None:
+            break
+        cores.add((pkg, core))
+    else:
+        if cores:
+            return len(cores)
+    try:
+        import psutil  # optional: only for hosts without /sys topology
+
+        phys, logical = psutil.cpu_count(logical=False), psutil.cpu_count(logical=True)
+        if phys and logical:
+            return max(1, len(allowed) * phys // logical)
+    except ImportError:
+        pass  # psutil is optional; the logical count below is the documented fallback
+    return max(1, len(allowed))
+
+
+def host_frequency_ghz() -> Optional[float]:
+    """Nominal host clock: cpufreq base_frequency, else /proc/cpuinfo 'cpu MHz', else cpufreq max."""
+    base = _read(SYS_CPU / "cpu0" / "cpufreq" / "base_frequency")  # kHz, intel_pstate only
+    if base and base.isdigit():
+        return int(base) / 1e6
+    text = _read(PROC_CPUINFO)
+    if text:
+        mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.M)]
+        if mhz and max(mhz) > 0:
+            return max(mhz) / 1e3
+    mx = _read(SYS_CPU / "cpu0" / "cpufreq" / "cpuinfo_max_freq")
+    if mx and mx.isdigit():
+        return int(mx) / 1e6
+    return None
+
+
+def _parse_size(text: Optional[str]) -> Optional[int]:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text or "", re.I)
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+
+
+def host_cache_levels() -> Optional[List[MemoryLevel]]:
+    """Data/unified cache levels of cpu0 from /sys (bandwidth 0 = unknown), None if unavailable.
+
+    A level is shared when cpus outside cpu0's SMT siblings share it; a shared level's capacity
+    is multiplied by the number of its instances among the cpus this process may use (e.g. two
+    CCX-local L3s)."""
+    base = SYS_CPU / "cpu0" / "cache"
+    if not base.is_dir():
+        return None
+    siblings = _parse_cpulist(_read(SYS_CPU / "cpu0" / "topology" / "thread_siblings_list")) or {0}
+    allowed = _allowed_cpus()
+    levels: Dict[int, MemoryLevel] = {}
+    for idx in sorted(base.glob("index*")):
+        ctype, lvl = _read(idx / "type"), _read(idx / "level")
+        size = _parse_size(_read(idx / "size"))
+        line = _read(idx / "coherency_line_size")
+        if ctype == "Instruction" or not (lvl and lvl.isdigit()) or not size:
+            continue
+        sharers = _parse_cpulist(_read(idx / "shared_cpu_list")) or {0}
+        shared = not sharers <= siblings
+        if shared:
+            instances = {_read(SYS_CPU / f"cpu{c}" / "cache" / idx.name / "shared_cpu_list")
+                         for c in allowed}
+            size *= max(1, len(instances - {None}))
+        line_b = int(line) if line and line.isdigit() else 64
+        levels[int(lvl)] = MemoryLevel(f"L{lvl}", size, line_b, 0.0, shared)
+    return [levels[k] for k in sorted(levels)] or None
+
+
+def _host_dram_bytes() -> Optional[int]:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # sysconf names are platform dependent
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# target normalisation
+# ---------------------------------------------------------------------------------------------
+def _plain(obj: Any) -> Any:
+    """tvm_ffi Map/Array (from Target.export()) -> dict/list, recursively."""
+    if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Target):
+        return _plain(obj.export())
+    if hasattr(obj, "items"):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if hasattr(obj, "__iter__"):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+_LIST_OPTS = {"mattr", "keys", "libs", "cl-opt"}
+
+
+def _parse_cli(text: str) -> Dict[str, Any]:
+    """'llvm -mcpu=x -num-cores=4 -mattr=+avx2,+fma' -> dict; anything fancier is refused."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError as err:
+        raise UnsupportedError(f"cannot parse target string {text!r}: {err}") from None
+    kind, flags = tokens[0], tokens[1:]
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
+        raise UnsupportedError(f"cannot parse target string {text!r}: {kind!r} is not a target kind")
+    out: Dict[str, Any] = {"kind": kind}
+    for flag in flags:
+        m = re.fullmatch(r"--?([A-Za-z][A-Za-z0-9_-]*)=([^\s=]+)", flag)
+        if not m or m.group(1) == "host":
+            raise UnsupportedError(
+                f"cannot convert the old CLI target string {text!r} (at {flag!r}); TVM 0.27 needs the "
+                'dict form, e.g. {"kind": "llvm", "mcpu": "znver4", "num-cores": 8}')
+        key, val = m.group(1), m.group(2)
+        if key in _LIST_OPTS:
+            out[key] = val.split(",")
+        elif re.fullmatch(r"-?\d+", val):
+            out[key] = int(val)
+        else:
+            out[key] = val
+    return out
+
+
+def _make(spec: Union[Dict[str, Any], str], original: Any) -> Target:
+    try:
+        return Target(spec)
+    except ValueError as err:  # TVM reports bad kinds/options as ValueError
+        raise UnsupportedError(f"invalid target {original!r}: {err}") from None
+
+
+def _normalize(target: TargetLike) -> Tuple[Target, List[str]]:
+    notes: List[str] = []
+    if isinstance(target, Target):
+        tgt = target
+    elif isinstance(target, dict):
+        tgt = _make(target, target)
+    elif isinstance(target, str):
+        s = target.strip()
+        if s.startswith("{"):
+            try:
+                spec = json.loads(s)
+            except json.JSONDecodeError as err:
+                raise UnsupportedError(f"target JSON string does not parse: {err}") from None
+            tgt = _make(spec, target)
+        elif re.search(r"(^|\s)-", s):
+            spec = _parse_cli(s)
+            notes.append(f"old CLI target string {s!r} read as {json.dumps(spec)}")
+            tgt = _make(spec, target)
+        else:
+            tgt = _make(s, target)  # a kind name ("llvm") or a tag ("nvidia/nvidia-h100")
+    else:
+        raise UnsupportedError(f"cannot make a TVM target from a {type(target).__name__}")
+
+    if tgt.kind.name != "llvm":
+        return tgt, notes  # other kinds are the caller's business; never touched here
+
+    spec = _plain(tgt.export())
+    changed = False
+    triple = spec.get("mtriple")
+    cross = bool(triple) and _arch(str(triple)) != _arch(host_triple())
+    mcpu = spec.get("mcpu")
+    if not mcpu or mcpu == "native":
+        if cross:
+            notes.append(f"mcpu was not given and mtriple {triple} is not the host's "
+                         f"({host_triple()}): left to LLVM's generic CPU")
+        else:
+            spec["mcpu"] = host_cpu()
+            changed = True
+            how = "was not given" if not mcpu else "was 'native' (LLVM rejects it)"
+            notes.append(f"mcpu {how}: completed from the host as {spec['mcpu']}")
+    if not spec.get("num-cores"):
+        if cross:
+            notes.append("num-cores was not given for a cross target: left unset "
+                         "(device models use the ISA preset's core count)")
+        else:
+            spec["num-cores"] = host_physical_cores()
+            changed = True
+            notes.append(f"num-cores was not given: completed from the host as {spec['num-cores']} "
+                         "physical cores")
+    if changed:
+        tgt = _make(spec, target)
+    return tgt, notes
+
+
+def normalize_target(target: TargetLike) -> Target:
+    """A ``tvm.target.Target`` from a Target, dict, JSON string, tag/kind string or simple old CLI
+    string; llvm targets get ``mcpu`` and ``num-cores`` from the host when missing. What was
+    completed is reported by ``target_completion_notes`` (call it on the same input)."""
+    return _normalize(target)[0]
+
+
+def target_completion_notes(target: TargetLike) -> List[str]:
+    """Human-readable notes of what ``normalize_target(target)`` fills in or reinterprets for this
+    (original, un-normalised) target; [] when nothing is completed."""
+    return _normalize(target)[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# ISA detection
+# ---------------------------------------------------------------------------------------------
+def _llvm_features(tgt: Target, mcpu: str, triple: str) -> Optional[Set[str]]:
+    """LLVM's feature set for the target, or None when LLVM cannot answer for this mcpu."""
+    try:
+        if not _cg.llvm_is_valid_cpu(mcpu, triple):
+            return None  # LLVM would silently fall back to generic; the table knows better
+        return {str(f) for f in _cg.llvm_get_cpu_features(tgt)}
+    except (RuntimeError, ValueError, TypeError, AttributeError):
+        # no LLVM backend for this triple, or an LLVM without the query: use the mcpu table
+        return None
+
+
+def _isa_from_features(feats: Set[str], arch: str) -> str:
+    if arch == "aarch64" or "neon" in feats:
+        return "neon"
+    if "avx512f" in feats:
+        return "avx512"
+    if "avx2" in feats and "fma" in feats:
+        return "avx2"
+    return "sse"
+
+
+def _isa_from_table(mcpu: str, mattr: List[str], arch: str) -> str:
+    if arch in ("aarch64", "arm") or mcpu.startswith(_ARM_CPU_PREFIXES):
+        return "neon"
+    isa = _MCPU_ISA.get(mcpu, "sse")
+    plus = {a[1:] for a in mattr if a.startswith("+")}
+    minus = {a[1:] for a in mattr if a.startswith("-")}
+    if "avx512f" in plus:
+        isa = "avx512"
+    elif isa == "sse" and {"avx2", "fma"} <= plus:
+        isa = "avx2"
+    if isa == "avx512" and "avx512f" in minus:
+        isa = "avx2"
+    if isa == "avx2" and minus & {"avx2", "fma", "avx"}:
+        isa = "sse"
+    return isa
+
+
+def detect_isa(target: TargetLike) -> Tuple[str, Set[str]]:
+    """(ISA family, LLVM features or empty set) of an llvm target."""
+    tgt = normalize_target(target)
+    spec = _plain(tgt.export())
+    mcpu = str(spec.get("mcpu") or "generic")
+    triple = str(spec.get("mtriple") or host_triple())
+    feats = _llvm_features(tgt, mcpu, triple)
+    if feats is not None:
+        return _isa_from_features(feats, _arch(triple)), feats
+    return _isa_from_table(mcpu, target_mattr(spec), _arch(triple)), set()
+
+
+def target_mattr(spec: Dict[str, Any]) -> List[str]:
+    """The mattr list of an exported target spec (a dict), [] when absent."""
+    return [str(a) for a in spec.get("mattr") or []]
+
+
+def _base_preset(isa: str) -> DeviceModel:
+    if isa in PRESET_FOR_ISA:
+        return preset(PRESET_FOR_ISA[isa])
+    # SSE-only x86 (mcpu generic): the AVX2 desktop with 16-byte vectors and no FMA; one mul and
+    # one add pipe per cycle count as one "FMA unit" (2 flops per lane per cycle).
+    m = preset("x86-avx2")
+    m.simd_bytes, m.isa, m.source = 16, "sse", "preset:x86-avx2 (as sse)"
+    m.extra["fma_units"] = 1.0
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# DeviceModel from a target
+# ---------------------------------------------------------------------------------------------
+def is_host_target(target: TargetLike) -> bool:
+    """True when code for this llvm target is built for this machine's CPU (same mcpu & arch)."""
+    spec = _plain(normalize_target(target).export())
+    triple = str(spec.get("mtriple") or host_triple())
+    return _arch(triple) == _arch(host_triple()) and spec.get("mcpu") == host_cpu()
+
+
+def from_target(target: TargetLike, use_cache: bool = True, *,
+                host_caches: Optional[bool] = None) -> DeviceModel:
+    """DeviceModel of an llvm target (see the module docstring for where numbers come from).
+
+    ``use_cache=False`` ignores calibration files; ``host_caches`` forces (True) or forbids (False)
+    reading this machine's /sys and clock instead of deciding by "mcpu is the host CPU"."""
+    tgt = normalize_target(target)
+    kind = tgt.kind.name
+    if kind != "llvm":
+        raise UnsupportedError(f"from_target handles llvm (CPU) targets; no device model for "
+                               f"kind {kind!r} yet")
+    spec = _plain(tgt.export())
+    mcpu = str(spec.get("mcpu") or "generic")
+    isa, feats = detect_isa(tgt)
+    base = _base_preset(isa)
+    cores = int(spec.get("num-cores") or base.num_units)
+    host = is_host_target(tgt) if host_caches is None else host_caches
+
+    if use_cache:
+        key = _cache.calibration_key(host_cpu(), mcpu, cores, target_mattr(spec))
+        cached = _cache.load_calibration(key)
+        if cached is not None:
+            return cached
+
+    fma_units = float(_FMA_UNITS.get((mcpu, isa), base.extra.get("fma_units", 2.0)))
+    freq = (host_frequency_ghz() if host else None) or base.frequency_ghz
+    simd = _SIMD[isa]
+    sys_levels = host_cache_levels() if host else None
+
+    ratio_f = freq / base.frequency_ghz
+
+    def scaled(name: str, shared: bool) -> float:
+        # Per-core bytes/cycle of a cache level is a microarchitecture trait: scale by clock, and by
+        # the core count for shared levels (aggregate). DRAM: a per-core ceiling capped by the socket.
+        if name == "DRAM":
+            single = base.extra.get("dram_gbs_single_core", base.dram.bandwidth_gbs / base.num_units)
+            return round(min(base.dram.bandwidth_gbs, single * cores), 3)
+        ref = next((l for l in base.levels if l.name == name),
+                   base.levels[-2] if shared else base.levels[0])
+        per_core = ref.bandwidth_gbs / base.num_units if ref.shared else ref.bandwidth_gbs
+        return round(per_core * ratio_f * (cores if shared else 1), 3)
+
+    if sys_levels:
+        levels = [MemoryLevel(l.name, l.capacity_bytes, l.line_bytes, scaled(l.name, l.shared),
+                              l.shared) for l in sys_levels]
+        levels.append(MemoryLevel("DRAM", _host_dram_bytes() or base.dram.capacity_bytes,
+                                  base.dram.line_bytes, scaled("DRAM", True), True))
+        where = "sysfs caches, bandwidth/peak scaled from preset " + PRESET_FOR_ISA.get(isa, "x86-avx2")
+    else:
+        levels = [MemoryLevel(l.name, l.capacity_bytes, l.line_bytes, scaled(l.name, l.shared),
+                              l.shared) for l in base.levels]
+        where = f"{base.source} scaled to {cores} cores at {freq:g} GHz"
+
+    dtypes = ["float32", "float64"]
+    if "avx512fp16" in feats or "fullfp16" in feats or (not feats and "float16" in base.peak_gflops):
+        dtypes.append("float16")
+    extra = dict(base.extra)
+    extra["fma_units"] = fma_units
+    return DeviceModel(
+        name=f"{mcpu} x{cores}" + (" (host)" if host else ""),
+        kind="cpu",
+        num_units=cores,
+        simd_bytes=simd,
+        num_vector_registers=_REGS[isa],
+        levels=levels,
+        peak_gflops=cpu_peak_gflops(cores, freq, fma_units, simd, dtypes),
+        frequency_ghz=round(freq, 4),
+        isa=isa,
+        source=f"estimated: {where}",
+        extra=extra,
+    )
