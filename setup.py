@@ -1,0 +1,43 @@
+"""Packaging for tvm-roller. The version lives in tvm_roller/__init__.py (read, not imported:
+importing the package needs TVM, which may not be installed yet)."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+VERSION = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']',
+                    (HERE / "tvm_roller" / "__init__.py").read_text(encoding="utf-8"), re.M).group(1)
+README = HERE / "README.md"
+
+# torch is pinned to the CPU wheel family the project is tested with; matplotlib and the
+# notebook packages run the tutorials / benchmark plots.
+TEST_EXTRAS = ["pytest", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel"]
+
+setup(
+    name="tvm-roller",
+    version=VERSION,
+    description="ROLLER-style (OSDI'22) constructed tensor-program schedules for Apache TVM 0.27",
+    long_description=README.read_text(encoding="utf-8") if README.is_file() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    packages=find_packages(include=["tvm_roller", "tvm_roller.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json: keep both pinned together.
+        "apache-tvm==0.27.0.post1",
+        "apache-tvm-ffi==0.1.14.post1",
+        "numpy",
+        "xgboost",
+        "psutil",       # MetaSchedule's defaults need it
+        "cloudpickle",  # ditto
+        "tqdm",
+    ],
+    extras_require={"test": list(TEST_EXTRAS), "bench": list(TEST_EXTRAS)},
+    entry_points={"console_scripts": ["tvm-roller=tvm_roller.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Software Development :: Compilers",
+    ],
+)
