@@ -21,6 +21,7 @@ Tile = Tuple[int, ...]
 L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines
 L2_FILL = 0.5
 PAD_EPS = 0.05  # ROLLER's epsilon: an axis may be padded (predicated) when it wastes <= 5%
+REG_PAD_EPS = PAD_EPS  # predicates inside the unrolled micro-kernel cost more than the model counts
 
 
 def _grow(start: Tile, steps: List[List[int]], cost_q: Callable[[Tile], float],
@@ -74,7 +75,7 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
                              "taken whole, partly filled vectors")
             steps.append(sizes); start.append(sizes[0])
         else:  # sizes that tile the axis evenly (or nearly), so no predicate in the kernel
-            steps.append(aligned_steps(a.extent, 1, limit=16, eps=PAD_EPS,
+            steps.append(aligned_steps(a.extent, 1, limit=16, eps=REG_PAD_EPS,
                                        multiples=tuple(range(1, 17))))
             start.append(steps[-1][0])
     start = tuple(start)
@@ -209,7 +210,9 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[R
                           vector_axis=fa.vector_axis, vector_lanes=lanes, notes=list(notes))
                 predict_tiled(fa, dev, t)
                 cands.setdefault(t.key(), t)
-    ranked = sorted(cands.values(), key=lambda t: (t.predicted_s, t.key()))
+    # ties: more accumulators first (fewer accumulator loads/stores than the model counts)
+    ranked = sorted(cands.values(), key=lambda t: (
+        float(f"{t.predicted_s:.3g}"), -accumulator_registers(fa, t.reg, lanes), t.key()))
     return ranked[:max(1, topk)]
 
 
