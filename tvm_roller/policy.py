@@ -20,7 +20,8 @@ from .rtile import RTile, aligned_steps, ceil_div, padding_waste
 Tile = Tuple[int, ...]
 L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines
 L2_FILL = 0.5
-PAD_EPS = 0.05  # ROLLER's epsilon: an axis may be padded (predicated) when it wastes <= 5%
+PAD_EPS = 0.0  # tiles divide their axes: a predicated (padded) update block stops LLVM from
+# keeping the accumulators in registers (measured: 6x64 GEMM tile 28 GFLOP/s predicated vs 94 exact)
 REG_PAD_EPS = PAD_EPS  # predicates inside the unrolled micro-kernel cost more than the model counts
 
 
