@@ -15,7 +15,6 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
-import tvm
 from tvm.target import Target
 from tvm.target import codegen as _cg
 
