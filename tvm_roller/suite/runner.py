@@ -90,6 +90,22 @@ def _settle() -> None:
     time.sleep(SETTLE_S)
 
 
+def _load_avg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+
+
+def _busy_warning() -> Optional[str]:
+    """Other processes on a 2-core box make every latency (OpenMP peers most) noisy: say so."""
+    load, cores = _load_avg(), os.cpu_count() or 1
+    if load is not None and load > 0.5 * cores:
+        return (f"warning: load average {load:.2f} on {cores} cores before the run: other "
+                f"processes are running, latencies (multi-threaded peers most) will be noisy")
+    return None
+
+
 def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500]
 
@@ -155,7 +171,7 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
     flops, nbytes = workloads.flop_count(func), workloads.bytes_moved(func)
     mem = workloads.is_memory_bound(cls)
     rec.update(flops=flops, bytes=nbytes, memory_bound=mem, target=str(target),
-               rtol=references.tolerance(cls, idx))
+               rtol=references.tolerance(cls, idx), load_avg=_load_avg())
     inputs = workloads.random_inputs(func, seed)
     out_spec = workloads.output_spec(func)
     ref = references.reference(cls, idx, inputs)
@@ -355,6 +371,9 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
         reason = baselines.skip_reason(tgt)
         print(f"peers: torch ({_num_cores(tgt)} threads), numpy (GMM/SFM/NRM), tvm-default "
               f"(unscheduled), ms-tuned ({reason or baselines.COMPILE_NOTE})", file=out)
+    busy = _busy_warning()
+    if busy:
+        print(busy, file=out)
     print("x<peer> = peer latency / roller latency (>1: roller faster); "
           "perf in GB/s for memory-bound SFM/NRM/DEP", file=out)
     print(header(), file=out, flush=True)
