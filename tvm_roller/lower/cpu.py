@@ -32,7 +32,6 @@ def _block_names(sch: s_tir.Schedule) -> List[str]:
 def _axis_loops(sch: s_tir.Schedule, block) -> list:
     """Loops of ``block`` in the order of its iteration variables (simple bindings only)."""
     loops = sch.get_loops(block)
-    realize = sch.get_sref(block).stmt
     blk = sch.get(block)
     loop_vars = [sch.get(l).loop_var for l in loops]
     # the realize's bindings: find each iter var's loop
@@ -44,7 +43,6 @@ def _axis_loops(sch: s_tir.Schedule, block) -> list:
             raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is not bound to a "
                                    "single loop")
         out.append(hit[0])
-    del realize
     return out
 
 
@@ -81,6 +79,10 @@ def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
         if wi is not None and wi in acc.axes_used() and ri != wi:
             return False
     return True
+
+
+def _is_reduction(sch: s_tir.Schedule, block) -> bool:
+    return any(iv.iter_type == 2 for iv in sch.get(block).iter_vars)  # IterVar.CommReduce
 
 
 def _is_vectorized(sch: s_tir.Schedule, loop) -> bool:
@@ -227,7 +229,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         if (_extent(sch, kr) or 1) % lanes == 0:
             ko, ki = sch.split(kr, [None, lanes])
             rf2 = sch.rfactor(ki, 0)
-            sch.vectorize(sch.get_loops(rf2)[-1]) if False else _vectorize_rf(sch, rf2, lanes)
+            _vectorize_rf(sch, rf2, lanes)
         return
     if ext >= lanes and ext % lanes == 0:
         ko, ki = sch.split(k, [None, lanes])
@@ -238,9 +240,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
 def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
     """rf block loops are (..., ki, ko): move the lane loop innermost and vectorize it."""
     loops = sch.get_loops(rf)
-    blk = sch.get(rf)
-    # the lane loop is the one whose extent is ``lanes`` and is spatial in rf: find it by binding
-    lane = None
+    lane = None  # the innermost loop of extent ``lanes``: the rfactor'ed lane axis
     for l in loops:
         if _extent(sch, l) == lanes:
             lane = l
@@ -248,7 +248,6 @@ def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
         return
     sch.reorder(*[l for l in loops if not l.same_as(lane)][-1:], lane)
     sch.vectorize(lane)
-    del blk
 
 
 def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
@@ -259,14 +258,14 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
     # inline injective stages that feed a single consumer (they are recomputed at no extra cost)
     for name in names[:-1]:
         blk = sch.get_sblock(name)
-        if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+        if _is_reduction(sch, blk):
             continue
         if len(sch.get_consumers(blk)) == 1:
             sch.compute_inline(blk)
     names = _block_names(sch)
     out = sch.get_sblock(out_name)
     out_loops = sch.get_loops(out)
-    out_red = any(iv.iter_type == 2 for iv in sch.get(out).iter_vars)
+    out_red = _is_reduction(sch, out)
     row_loops = out_loops[:-1] if not out_red else out_loops[:len(out_loops) - sum(
         1 for iv in sch.get(out).iter_vars if iv.iter_type == 2)]
     rows = 1
@@ -278,7 +277,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         # under the output's parallel row loop so a row stays in cache between stages
         for name in names[:-1]:
             blk = sch.get_sblock(name)
-            if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+            if _is_reduction(sch, blk):
                 _reduction_rfactor_vectorize(sch, blk, lanes)
         out_loops = sch.get_loops(out)
         row_loops = out_loops[:len(row_loops)]
@@ -288,7 +287,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
             sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         for name in _block_names(sch):
             blk = sch.get_sblock(name)
-            if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+            if _is_reduction(sch, blk):
                 continue
             ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
             if ls and not _is_vectorized(sch, ls[-1]):
@@ -298,8 +297,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
     # few rows: parallelize inside the heavy reduction, the rest is tiny
     for name in names:
         blk = sch.get_sblock(name)
-        if any(iv.iter_type == 2 for iv in sch.get(blk).iter_vars):
+        if _is_reduction(sch, blk):
             _reduction_rfactor_vectorize(sch, blk, lanes, split_cores=cores)
-        elif name == out_name or True:
+        else:
             _parallel_vectorize_block(sch, blk, lanes, cores)
     return sch
