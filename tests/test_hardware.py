@@ -181,7 +181,7 @@ def test_missing_cache_entry_is_silent():
 @pytest.mark.slow
 def test_quick_calibration_measures_something(private_cache):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a busy machine warns about its load average
+        warnings.simplefilter("ignore")  # a busy machine warns that its numbers are low
         m = calibrate(quick=True)
     assert m.source.startswith("calibrated:")
     path = Path(m.source.split(":", 1)[1])

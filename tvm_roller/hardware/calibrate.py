@@ -180,6 +180,26 @@ def _working_sets(levels: List[MemoryLevel], cores: int) -> List[Dict[str, Any]]
     return plan
 
 
+def _busy_cpu_seconds() -> Optional[float]:
+    """Non-idle CPU seconds of the whole machine since boot (Linux /proc/stat), None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    import resource  # Unix only; only reached where /proc/stat exists
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _run_child(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
     env = dict(os.environ)
     env["TVM_NUM_THREADS"] = str(spec["cores"])
@@ -215,17 +235,20 @@ def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
     lanes = est.simd_lanes("float32")
     child_spec = {"target": spec, "cores": cores, "lanes": lanes, "quick": quick,
                   "regs": est.num_vector_registers, "levels": _working_sets(est.levels, cores)}
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not available on every platform
-        load = 0.0
-    if load > 0.5 * cores:
-        # other work on the cores makes every number below come out low; say so, keep going
-        warnings.warn(f"load average is {load:.2f} on {cores} cores: calibration numbers will be "
-                      "low while other processes run", stacklevel=2)
+    busy0, kids0 = _busy_cpu_seconds(), _children_cpu_seconds()
     t0 = time.time()
     res = _run_child(child_spec, timeout_s=300)
     wall = time.time() - t0
+    busy1, kids1 = _busy_cpu_seconds(), _children_cpu_seconds()
+    foreign = -1.0  # unknown (no /proc/stat)
+    if busy0 is not None and busy1 is not None:
+        # CPU time spent by everything but the calibration process, as a share of all CPUs
+        ncpu = os.cpu_count() or 1
+        foreign = max(0.0, (busy1 - busy0) - (kids1 - kids0)) / (wall * ncpu)
+        if foreign > 0.1:
+            warnings.warn(f"other processes used {100 * foreign:.0f}% of the CPUs during the "
+                          "calibration: the numbers are probably low; calibrate again on a quiet "
+                          "machine", stacklevel=2)
 
     if res["threads"] != cores:
         warnings.warn(f"TVM ran the calibration with {res['threads']} threads for {cores} cores; "
@@ -255,7 +278,7 @@ def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
         "calibration_seconds": round(wall, 2),
         "calibration_threads": float(res["threads"]),
         "calibration_quick": float(quick),
-        "calibration_load_avg": round(load, 2),
+        "calibration_foreign_cpu_share": round(foreign, 3),
         "peak_tile_rows": float(peak["tile"][0]),
         "peak_tile_cols": float(peak["tile"][1]),
     })
