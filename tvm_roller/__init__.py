@@ -9,6 +9,19 @@ from ._version_check import check_tvm_ffi as _check_tvm_ffi
 
 _check_tvm_ffi()
 
+
+def _default_thread_count() -> None:
+    # TVM's CPU thread pool assumes hyper-threading on x86 and uses half the logical CPUs
+    # (one thread on a 2-vCPU machine), fixed at first use. Roller's kernels are planned for
+    # every core, so default the pool to all cores unless the user chose otherwise.
+    import os
+
+    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+
+
+_default_thread_count()
+
 from . import hardware  # noqa: E402
 from .api import build, explain, plan, schedule  # noqa: E402
 from .errors import FallbackWarning, UnsupportedError  # noqa: E402
