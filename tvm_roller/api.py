@@ -94,11 +94,12 @@ def build(func, target: TargetLike, fallback: bool = False, device: Optional[Dev
         sch = apply(p, p.tiles[0])
         return tvm.compile(sch.mod, target=p.target)
     except UnsupportedError as err:
-        if not fallback:
+        # TVM's default build can't help with a non-function input or an invalid target either
+        if not fallback or not isinstance(func, (tvm.IRModule, tirx.PrimFunc)):
             raise
+        tgt = hardware.normalize_target(target)  # raises UnsupportedError for an invalid target
         warnings.warn(f"roller declined ({err}); building with TVM's default schedule",
                       FallbackWarning, stacklevel=2)
-        tgt = hardware.normalize_target(target)
         mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
         return tvm.compile(mod, target=tgt)
 

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
+from tvm.tirx.buffer import BufferType
 
 from ..errors import UnsupportedError
 from .access import Access, build_access
@@ -119,20 +120,28 @@ def _buffer_name(node) -> str:
 def analyze(func) -> FuncAnalysis:
     """Analyse ``func`` (a PrimFunc or an IRModule holding one); raise UnsupportedError if unfit."""
     func = unwrap_func(func)
-    for buf in func.params:
-        if not isinstance(buf, tirx.Buffer):
-            raise UnsupportedError(f"parameter {buf} is not a buffer (scalar parameters unsupported)")
+    # In TVM 0.27 every parameter is a tirx.Var (tirx.Buffer is Var): buffers are the Vars whose
+    # type is a BufferType, scalars have a PrimType (and no usable .shape).
+    buffers = [p for p in func.params if _is_buffer(p)]
+    for buf in buffers:
         for i, s in enumerate(buf.shape):
             _as_int(s, f"dimension {i} of {buf.name}")
-        if str(buf.dtype) not in SUPPORTED_DTYPES:
-            raise UnsupportedError(
-                f"dtype {buf.dtype} of {buf.name} is not handled by the CPU backend "
-                f"(supported: {', '.join(SUPPORTED_DTYPES)})")
 
+    # The index checks come before the dtype/scalar checks: for a gather through an int32 index
+    # tensor, or a division by a scalar parameter, the indexing is the real reason.
     checker = _IndexChecker()
     checker.visit(func.body)
     if checker.error:
         raise UnsupportedError(checker.error)
+
+    for p in func.params:
+        if not _is_buffer(p):
+            raise UnsupportedError(f"parameter {p} is not a buffer (scalar parameters unsupported)")
+    for buf in buffers:
+        if str(buf.dtype) not in SUPPORTED_DTYPES:
+            raise UnsupportedError(
+                f"dtype {buf.dtype} of {buf.name} is not handled by the CPU backend "
+                f"(supported: {', '.join(SUPPORTED_DTYPES)})")
 
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
@@ -187,6 +196,10 @@ def analyze(func) -> FuncAnalysis:
     else:
         fa.kind = "reduction"
     return fa
+
+
+def _is_buffer(param) -> bool:
+    return isinstance(getattr(param, "ty", None), BufferType)
 
 
 def unwrap_func(func) -> tirx.PrimFunc:

@@ -1,0 +1,155 @@
+"""Shared settings and helpers for the tvm_roller tests.
+
+* ``TVM_ROLLER_CACHE`` points at a fresh temporary directory for the whole session, so no test
+  reads (or writes) this machine's calibration cache.
+* ``TARGET`` / ``device()``: the fixed target and preset device model the op tests plan for, so
+  the constructed schedules do not depend on calibration or on the host.
+* ``rand`` / ``run`` / ``assert_close``: random (never zero) inputs, calling a built module with
+  a NaN-filled output (an element the kernel never writes stays NaN and fails the check), and a
+  relative max-error comparison against a float64 numpy reference.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="tvm-roller-test-cache-")
+os.environ["TVM_ROLLER_CACHE"] = _CACHE_DIR
+
+TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+
+# float32 results are compared with this relative max error; float64 with F64_TOL
+F32_TOL = 2e-5
+F32_TOL_LONG = 1e-4  # reductions longer than ~256 terms
+F64_TOL = 1e-12
+
+
+def pytest_configure(config):
+    # pytest.ini registers it too; registering twice is harmless
+    config.addinivalue_line("markers", "slow: long-running (big shapes); deselect with -m 'not slow'")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_roller_cache(monkeypatch):
+    """Keep every test on the session's private cache even if a test changed the variable."""
+    monkeypatch.setenv("TVM_ROLLER_CACHE", _CACHE_DIR)
+
+
+def device():
+    """The preset device model every op test plans for (independent of calibration)."""
+    from tvm_roller import hardware
+
+    return hardware.preset("x86-avx512")
+
+
+def rand(shape: Sequence[int], dtype: str = "float32", seed: int = 0) -> np.ndarray:
+    """Uniform(-1, 1) data without exact zeros (a zero would hide reading padding for data)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, size=tuple(int(s) for s in shape))
+    x[x == 0] = 0.5
+    return x.astype(dtype)
+
+
+def rand_inputs(tensors, seed: int = 0):
+    """Random arrays for every te placeholder among ``tensors[:-1]`` (the last is the output)."""
+    return [rand([int(s) for s in t.shape], str(t.dtype), seed + i)
+            for i, t in enumerate(tensors[:-1])]
+
+
+def run(lib, arrays, out_shape, out_dtype) -> np.ndarray:
+    """Call ``lib`` on ``arrays`` plus a NaN-filled output (integers: the dtype's minimum), so an
+    element the kernel never writes shows up; return the output."""
+    import tvm
+
+    dev = tvm.cpu(0)
+    shape = tuple(int(s) for s in out_shape)
+    if np.issubdtype(np.dtype(out_dtype), np.integer):
+        fill = np.full(shape, np.iinfo(out_dtype).min, dtype=out_dtype)
+    else:
+        fill = np.full(shape, np.nan, dtype=out_dtype)
+    out = tvm.runtime.tensor(fill, dev)
+    lib(*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in arrays], out)
+    return out.numpy()
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert out.shape == ref.shape, f"shape {out.shape} != reference {ref.shape}"
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    scale = float(np.max(np.abs(ref))) or 1.0
+    return float(np.max(np.abs(out - ref))) / scale
+
+
+def assert_close(out, ref, tol: float) -> None:
+    err = rel_err(out, ref)
+    assert err <= tol, f"relative max error {err:.3g} > {tol:.1g}"
+
+
+def build_and_check(tensors, ref, *, tol=None, arrays=None, dev=None, seed=0):
+    """Build ``te.create_prim_func(tensors)`` with roller, run it on random inputs and compare with
+    ``ref(*float64 inputs)``. Returns the module."""
+    import tvm_roller
+    from tvm import te
+
+    tensors = list(tensors)
+    func = te.create_prim_func(tensors)
+    arrays = rand_inputs(tensors, seed) if arrays is None else arrays
+    lib = tvm_roller.build(func, TARGET, device=dev if dev is not None else device())
+    out_t = tensors[-1]
+    out = run(lib, arrays, out_t.shape, str(out_t.dtype))
+    expect = ref(*[a.astype(np.float64) for a in arrays])
+    if tol is None:
+        tol = F64_TOL if str(out_t.dtype) == "float64" else F32_TOL
+    assert_close(out, expect, tol)
+    return lib
+
+
+# -- float64 numpy references --------------------------------------------------------------------
+def conv_nlc(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Channels-last convolution of any rank: x[N, *S, CI], w[*K, CI/g, CO] -> y[N, *O, CO]."""
+    import itertools
+
+    nd = x.ndim - 2
+    ks = w.shape[:nd]
+    cpg, co = w.shape[nd], w.shape[nd + 1]
+    cog = co // groups
+    xp = np.pad(x, [(0, 0)] + [(padding, padding)] * nd + [(0, 0)])
+    outs = [(xp.shape[1 + d] - dilation * (ks[d] - 1) - 1) // stride + 1 for d in range(nd)]
+    y = np.zeros((x.shape[0], *outs, groups, cog))
+    for off in itertools.product(*[range(k) for k in ks]):
+        sl = tuple(slice(o * dilation, o * dilation + stride * (n - 1) + 1, stride)
+                   for o, n in zip(off, outs))
+        patch = xp[(slice(None),) + sl + (slice(None),)]  # [N, *O, CI]
+        patch = patch.reshape(*patch.shape[:-1], groups, cpg)
+        wk = w[off].reshape(cpg, groups, cog)  # [cpg, CO] with co = g * cog + j
+        y += np.einsum("...gc,cgj->...gj", patch, wk)
+    return y.reshape(x.shape[0], *outs, co)
+
+
+def conv2d_transpose_nhwc(x, w, stride, padding):
+    """x[N,H,W,CI], w[KH,KW,CI,CO]: y[n, ih*s - p + kh, iw*s - p + kw, co] += x * w."""
+    n, h, wd, _ = x.shape
+    kh, kw, _, co = w.shape
+    full = np.zeros((n, (h - 1) * stride + kh, (wd - 1) * stride + kw, co))
+    for a in range(kh):
+        for b in range(kw):
+            full[:, a:a + stride * (h - 1) + 1:stride, b:b + stride * (wd - 1) + 1:stride, :] += \
+                np.einsum("nhwc,cd->nhwd", x, w[a, b])
+    oh, ow = (h - 1) * stride - 2 * padding + kh, (wd - 1) * stride - 2 * padding + kw
+    return full[:, padding:padding + oh, padding:padding + ow, :]
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)

@@ -1,0 +1,243 @@
+"""Inputs roller declines: each raises UnsupportedError saying why, and with ``fallback=True``
+whatever TVM itself can build is built with TVM's default schedule under a FallbackWarning."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import tvm_roller
+from tvm_roller import FallbackWarning, UnsupportedError
+
+from conftest import F32_TOL, TARGET, assert_close, device, rand, run
+
+
+def _build(func, target=TARGET, **kw):
+    return tvm_roller.build(func, target, device=device(), **kw)
+
+
+def _fallback(func, target=TARGET, match=None):
+    """Build with fallback=True; exactly one FallbackWarning carrying the reason."""
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        lib = _build(func, target, fallback=True)
+    fb = [w for w in rec if issubclass(w.category, FallbackWarning)]
+    assert len(fb) == 1, [str(w.message) for w in rec]
+    msg = str(fb[0].message)
+    assert "roller declined" in msg and "TVM's default schedule" in msg
+    if match:
+        assert match in msg, msg
+    return lib
+
+
+def _declined(func, match, target=TARGET):
+    with pytest.raises(UnsupportedError, match=match) as info:
+        _build(func, target)
+    assert isinstance(info.value, ValueError)  # UnsupportedError is a ValueError
+    for api in (lambda: tvm_roller.schedule(func, target, device=device()),
+                lambda: tvm_roller.explain(func, target, device=device())):
+        with pytest.raises(UnsupportedError, match=match):
+            api()
+    return info.value
+
+
+# -- data-dependent indexing (gathers) -----------------------------------------------------------
+def test_gather_float_index():
+    """out[i] = A[int(B[i])] with all-float buffers: only the data-dependent check can fire."""
+    A = te.placeholder((16,), "float32", name="A")
+    B = te.placeholder((8,), "float32", name="B")
+    G = te.compute((8,), lambda i: A[B[i].astype("int32")], name="G")
+    func = te.create_prim_func([A, B, G])
+    err = _declined(func, "data-dependent")
+    assert "gather" in str(err) and "A" in str(err) and "B" in str(err)
+
+    lib = _fallback(func, match="data-dependent")
+    a = rand((16,), seed=1)
+    b = np.array([3, 0, 15, 7, 7, 2, 9, 11], dtype="float32")
+    assert_close(run(lib, [a, b], (8,), "float32"), a[b.astype(int)], 0.0)
+
+
+def test_gather_int32_index():
+    """out[i] = A[idx[i]]: the gather is named (not just the int32 dtype of idx)."""
+    A = te.placeholder((16,), "float32", name="A")
+    idx = te.placeholder((8,), "int32", name="idx")
+    G = te.compute((8,), lambda i: A[idx[i]], name="G")
+    func = te.create_prim_func([A, idx, G])
+    err = _declined(func, "data-dependent|gather|dtype")
+    assert "gather" in str(err) or "int32" in str(err)
+
+    lib = _fallback(func)
+    a = rand((16,), seed=2)
+    ix = np.array([15, 1, 4, 4, 0, 8, 13, 2], dtype="int32")
+    assert_close(run(lib, [a, ix], (8,), "float32"), a[ix], 0.0)
+
+
+# -- non-constant division -----------------------------------------------------------------------
+def test_division_by_scalar_parameter():
+    A = te.placeholder((16,), "float32", name="A")
+    n = te.var("n", "int32")
+    D = te.compute((16,), lambda i: A[te.floordiv(i, n)], name="D")
+    func = te.create_prim_func([A, n, D])
+    err = _declined(func, "non-constant division")
+    assert "// n" in str(err) or "n" in str(err)
+
+    lib = _fallback(func, match="non-constant division")
+    a = rand((16,), seed=3)
+    dev = tvm.cpu(0)
+    out = tvm.runtime.tensor(np.full(16, np.nan, "float32"), dev)
+    lib(tvm.runtime.tensor(a, dev), 3, out)
+    assert_close(out.numpy(), a[np.arange(16) // 3], 0.0)
+
+
+def test_division_by_loop_variable():
+    A = te.placeholder((8, 4), "float32", name="A")
+    D = te.compute((8, 4), lambda i, j: A[te.floordiv(i, j + 1), j] * 2.0, name="D")
+    func = te.create_prim_func([A, D])
+    _declined(func, "non-constant division")
+
+    lib = _fallback(func)
+    a = rand((8, 4), seed=4)
+    i, j = np.meshgrid(np.arange(8), np.arange(4), indexing="ij")
+    assert_close(run(lib, [a], (8, 4), "float32"), 2.0 * a[i // (j + 1), j], 0.0)
+
+
+def test_scalar_parameter_outside_indices():
+    A = te.placeholder((16,), "float32", name="A")
+    s = te.var("s", "float32")
+    D = te.compute((16,), lambda i: A[i] * s, name="D")
+    func = te.create_prim_func([A, s, D])
+    _declined(func, "scalar parameters")
+
+    lib = _fallback(func, match="scalar")
+    a = rand((16,), seed=5)
+    dev = tvm.cpu(0)
+    out = tvm.runtime.tensor(np.full(16, np.nan, "float32"), dev)
+    lib(tvm.runtime.tensor(a, dev), 1.5, out)
+    assert_close(out.numpy(), a * 1.5, 1e-7)
+
+
+# -- symbolic shapes -----------------------------------------------------------------------------
+def test_symbolic_shape():
+    n = te.var("n")
+    A = te.placeholder((n, 32), "float32", name="A")
+    B = te.placeholder((32, 24), "float32", name="B")
+    k = te.reduce_axis((0, 32), "k")
+    C = te.compute((n, 24), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    func = te.create_prim_func([A, B, C])
+    err = _declined(func, "symbolic shape")
+    assert "static" in str(err)
+
+    lib = _fallback(func, match="symbolic shape")
+    b = rand((32, 24), seed=6)
+    for rows in (1, 5, 17):  # any n works with TVM's dynamic-shape build
+        a = rand((rows, 32), seed=rows)
+        assert_close(run(lib, [a, b], (rows, 24), "float32"),
+                     a.astype(np.float64) @ b.astype(np.float64), F32_TOL)
+
+
+# -- dtypes --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float16", "int8", "int32", "bfloat16"])
+def test_unsupported_dtype(dtype):
+    A = te.placeholder((64,), dtype, name="A")
+    B = te.placeholder((64,), dtype, name="B")
+    C = te.compute((64,), lambda i: A[i] + B[i], name="C")
+    func = te.create_prim_func([A, B, C])
+    err = _declined(func, f"dtype {dtype}")
+    assert "float32" in str(err)  # says what is supported
+
+    if dtype == "bfloat16":
+        return  # numpy has no bfloat16 to check against
+    lib = _fallback(func, match=f"dtype {dtype}")
+    rng = np.random.default_rng(7)
+    if dtype.startswith("int"):
+        a = rng.integers(-50, 50, 64).astype(dtype)
+        b = rng.integers(-50, 50, 64).astype(dtype)
+        expect = (a.astype(np.int64) + b).astype(dtype)
+        tol = 0.0
+    else:
+        a, b = rand((64,), dtype, 8), rand((64,), dtype, 9)
+        expect = a.astype(np.float64) + b
+        tol = 1e-3
+    assert_close(run(lib, [a, b], (64,), dtype), expect, tol)
+
+
+def test_unsupported_dtype_in_a_reduction():
+    A = te.placeholder((16, 32), "float16", name="A")
+    k = te.reduce_axis((0, 32), "k")
+    S = te.compute((16,), lambda i: te.sum(A[i, k].astype("float32"), axis=k), name="S")
+    func = te.create_prim_func([A, S])
+    _declined(func, "dtype float16 of A")
+    lib = _fallback(func)
+    a = rand((16, 32), "float16", 10)
+    assert_close(run(lib, [a], (16,), "float32"), a.astype(np.float64).sum(1), 1e-6)
+
+
+# -- targets -------------------------------------------------------------------------------------
+def _double():
+    X = te.placeholder((64,), "float32", name="X")
+    return te.create_prim_func([X, te.compute((64,), lambda i: X[i] * 2.0, name="S")])
+
+
+@pytest.mark.parametrize("target", [{"kind": "c"}, "c"])
+def test_c_target_has_no_backend_but_falls_back(target):
+    func = _double()
+    assert tvm_roller.hardware.normalize_target(target).kind.name == "c"
+    _declined(func, "target kind 'c' has no roller backend", target)
+    lib = _fallback(func, target, match="no roller backend")
+    x = rand((64,), seed=11)
+    assert_close(run(lib, [x], (64,), "float32"), 2.0 * x, 0.0)
+
+
+@pytest.mark.parametrize("target", [{"kind": "cuda", "arch": "sm_90"}, "nvidia/nvidia-h100"])
+def test_cuda_target_has_no_backend(target):
+    func = _double()
+    assert tvm_roller.hardware.normalize_target(target).kind.name == "cuda"
+    _declined(func, "target kind 'cuda' has no roller backend", target)
+    lib = _fallback(func, target)  # TVM's default build (nothing to run it on here)
+    assert lib is not None
+
+
+@pytest.mark.parametrize("target,match", [
+    ({"kind": "no-such-kind"}, "invalid target"),
+    ("llvm -mcpu=haswell -fast-math", "dict form"),
+    (42, "cannot make a TVM target"),
+])
+def test_invalid_target(target, match):
+    func = _double()
+    for fb in (False, True):  # TVM can't build for these either: no fallback, no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            with pytest.raises(UnsupportedError, match=match):
+                _build(func, target, fallback=fb)
+
+
+# -- not a function at all -----------------------------------------------------------------------
+def test_not_a_primfunc():
+    X = te.placeholder((64,), "float32", name="X")
+    Y = te.compute((64,), lambda i: X[i] * 2.0, name="Y")
+    for fb in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            with pytest.raises(UnsupportedError, match="expected a PrimFunc or IRModule"):
+                _build(Y, fallback=fb)
+
+
+def test_irmodule_with_two_functions():
+    mod = tvm.IRModule({"a": _double().with_attr("global_symbol", "a"),
+                        "b": _double().with_attr("global_symbol", "b")})
+    _declined(mod, "one PrimFunc")
+    lib = _fallback(mod)
+    x = rand((64,), seed=12)
+    for name in ("a", "b"):
+        assert_close(run(lib[name], [x], (64,), "float32"), 2.0 * x, 0.0)
+
+
+def test_supported_input_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        lib = _build(_double(), fallback=True)
+    x = rand((64,), seed=13)
+    assert_close(run(lib, [x], (64,), "float32"), 2.0 * x, 0.0)
