@@ -125,7 +125,9 @@ def analyze(func) -> FuncAnalysis:
     buffers = [p for p in func.params if _is_buffer(p)]
     for buf in buffers:
         for i, s in enumerate(buf.shape):
-            _as_int(s, f"dimension {i} of {buf.name}")
+            if _as_int(s, f"dimension {i} of {buf.name}") <= 0:
+                raise UnsupportedError(f"empty tensor: dimension {i} of {buf.name} is {s} "
+                                       "(roller needs non-empty static shapes)")
 
     # The index checks come before the dtype/scalar checks: for a gather through an int32 index
     # tensor, or a division by a scalar parameter, the indexing is the real reason.
@@ -159,8 +161,11 @@ def analyze(func) -> FuncAnalysis:
             if iv.iter_type not in (_SPATIAL, _REDUCE):
                 raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is neither "
                                        "spatial nor a commutative reduction")
-            axes.append(Axis(str(iv.var.name), _as_int(iv.dom.extent, f"extent of {iv.var}"),
-                             "S" if iv.iter_type == _SPATIAL else "R"))
+            ext = _as_int(iv.dom.extent, f"extent of {iv.var}")
+            if ext <= 0:
+                raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} has extent {ext} "
+                                       "(empty iteration space)")
+            axes.append(Axis(str(iv.var.name), ext, "S" if iv.iter_type == _SPATIAL else "R"))
         is_red = any(a.kind == "R" for a in axes)
         infos.append(BlockInfo(blk.name_hint, axes,
                                [r.source.name for r in blk.reads],
