@@ -219,16 +219,18 @@ def test_construction_is_deterministic(wl):
 
 def test_construction_is_deterministic_across_processes():
     code = textwrap.dedent("""
-        import json, sys
-        sys.path.insert(0, %r)
+        import json
         from tvm import te
         from tvm.s_tir.meta_schedule.testing import te_workload as W
         import tvm_roller
-        from conftest import TARGET, device
         f = te.create_prim_func(list(W.conv2d_nhwc(1, 14, 14, 32, 48, 3, 1, 1)))
-        print(json.dumps([t.to_json() for t in tvm_roller.plan(f, TARGET, topk=3, device=device()).tiles]))
-    """) % os.path.dirname(__file__)
-    env = dict(os.environ, PYTHONHASHSEED="12345")
+        dev = tvm_roller.hardware.preset("x86-avx512")
+        print(json.dumps([t.to_json() for t in tvm_roller.plan(f, %r, topk=3, device=dev).tiles]))
+    """) % (TARGET,)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONHASHSEED="12345",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "")
+                                                    .split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300, check=True).stdout.strip().splitlines()[-1]
     here = [t.to_json() for t in tvm_roller.plan(
