@@ -71,14 +71,7 @@ def schedule(func, target: TargetLike, topk: int = 1, device: Optional[DeviceMod
     """A ``tvm.s_tir.Schedule`` built from roller's best rTile; a list of the top-k if topk > 1."""
     p = plan(func, target, topk, device)
     schs = [apply(p, t) for t in p.tiles]
-    for s in schs:
-        _mark(s, p)
     return schs[0] if topk == 1 else schs
-
-
-def _mark(sch: s_tir.Schedule, p: Plan) -> None:
-    """Leave the target on the scheduled function so tvm.compile uses the completed one."""
-    del sch, p
 
 
 def build(func, target: TargetLike, fallback: bool = False, device: Optional[DeviceModel] = None):

@@ -5,7 +5,7 @@ the prediction is the largest term of the busiest core, and the rTile records wh
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence
 
 from .analysis import FuncAnalysis
 from .hardware import DeviceModel
@@ -20,22 +20,6 @@ def _prod(xs) -> int:
     for x in xs:
         p *= x
     return p
-
-
-def _tile_with(fa: FuncAnalysis, spatial: Sequence[int], red: Sequence[int]) -> Tuple[int, ...]:
-    out = []
-    si = ri = 0
-    for a in fa.axes:
-        if a.kind == "S":
-            out.append(spatial[si]); si += 1
-        else:
-            out.append(red[ri]); ri += 1
-    return tuple(out)
-
-
-def split_tile(fa: FuncAnalysis, tile: Sequence[int]) -> Tuple[List[int], List[int]]:
-    return ([t for t, a in zip(tile, fa.axes) if a.kind == "S"],
-            [t for t, a in zip(tile, fa.axes) if a.kind == "R"])
 
 
 def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
