@@ -162,7 +162,7 @@ def test_negative_output_extent():
 
 
 # -- dtypes --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", ["float16", "int8", "int32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_unsupported_dtype(dtype):
     A = te.placeholder((64,), dtype, name="A")
     B = te.placeholder((64,), dtype, name="B")
@@ -174,17 +174,53 @@ def test_unsupported_dtype(dtype):
     if dtype == "bfloat16":
         return  # numpy has no bfloat16 to check against
     lib = _fallback(func, match=f"dtype {dtype}")
+    a, b = rand((64,), dtype, 8), rand((64,), dtype, 9)
+    assert_close(run(lib, [a, b], (64,), dtype), a.astype(np.float64) + b, 1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+def test_integer_elementwise_and_reduction_built_by_roller(dtype):
+    """Memory-bound kernels on integer tensors (masks, indices) are roller's: exact results."""
+    A = te.placeholder((13, 67), dtype, name="A")
+    B = te.placeholder((13, 67), dtype, name="B")
+    C = te.compute((13, 67), lambda i, j: A[i, j] - B[i, j], name="C")
+    k = te.reduce_axis((0, 67), "k")
+    M = te.compute((13,), lambda i: te.max(C[i, k], axis=k), name="M")
+    func = te.create_prim_func([A, B, M])
+    assert tvm_roller.plan(func, TARGET, device=device()).analysis.kind == "reduction"
+    lib = _build(func)
     rng = np.random.default_rng(7)
-    if dtype.startswith("int"):
-        a = rng.integers(-50, 50, 64).astype(dtype)
-        b = rng.integers(-50, 50, 64).astype(dtype)
-        expect = (a.astype(np.int64) + b).astype(dtype)
-        tol = 0.0
-    else:
-        a, b = rand((64,), dtype, 8), rand((64,), dtype, 9)
-        expect = a.astype(np.float64) + b
-        tol = 1e-3
-    assert_close(run(lib, [a, b], (64,), dtype), expect, tol)
+    a = rng.integers(-50, 50, (13, 67)).astype(dtype)
+    b = rng.integers(-50, 50, (13, 67)).astype(dtype)
+    expect = (a.astype(np.int64) - b).astype(dtype).max(1)
+    assert_close(run(lib, [a, b], (13,), dtype), expect, 0.0)
+
+
+def test_bool_mask_select():
+    """A bool mask selecting between two float tensors (Relax's attention-mask pattern)."""
+    A = te.placeholder((7, 33), "float32", name="A")
+    Mk = te.placeholder((7, 1), "bool", name="Mk")
+    C = te.compute((7, 33), lambda i, j: tvm.tirx.Select(Mk[i, 0], A[i, j] * 2.0, A[i, j]), name="C")
+    func = te.create_prim_func([A, Mk, C])
+    lib = _build(func)
+    a = rand((7, 33), "float32", 3)
+    m = np.array([[True], [False], [True], [True], [False], [False], [True]])
+    assert_close(run(lib, [a, m], (7, 33), "float32"), np.where(m, 2.0 * a, a), F32_TOL)
+
+
+def test_integer_matmul_declined():
+    """An integer GEMM is compute-bound: the tiled (FMA) backend declines it by dtype."""
+    A = te.placeholder((32, 16), "int32", name="A")
+    B = te.placeholder((16, 32), "int32", name="B")
+    k = te.reduce_axis((0, 16), "k")
+    C = te.compute((32, 32), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    func = te.create_prim_func([A, B, C])
+    err = _declined(func, "compute-bound")
+    assert "int32" in str(err)
+    lib = _fallback(func, match="int32")
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(-9, 9, (32, 16)).astype("int32"), rng.integers(-9, 9, (16, 32)).astype("int32")
+    assert_close(run(lib, [a, b], (32, 32), "int32"), a.astype(np.int64) @ b, 0.0)
 
 
 def test_unsupported_dtype_in_a_reduction():

@@ -9,6 +9,7 @@ from typing import Dict, Sequence
 
 from .analysis import FuncAnalysis
 from .hardware import DeviceModel
+from .hardware.model import DTYPE_BYTES
 from .rtile import RTile, ceil_div
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
@@ -56,7 +57,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     """Fill ``t.predicted_s``, ``t.bound`` and ``t.terms`` for a tiled (reuse-heavy) rTile."""
     lanes = t.vector_lanes
     cores = dev.num_units
-    elem = 8 if fa.dtype == "float64" else 4
+    elem = DTYPE_BYTES.get(fa.dtype, 4)
     reg, l1, l2 = list(t.reg), list(t.l1), list(t.l2)
     S = fa.spatial
     tasks = num_tiles(fa, l2, S)

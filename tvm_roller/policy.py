@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .analysis import FuncAnalysis
 from .hardware import DeviceModel
+from .hardware.model import DTYPE_BYTES
 from .perf_model import (accumulator_registers, input_bytes, num_tiles, output_bytes,
                          predict_streaming, predict_tiled, register_loads)
 from .rtile import RTile, aligned_steps, ceil_div, padding_waste
@@ -190,7 +191,7 @@ def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int)
 
 def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
     lanes = dev.simd_lanes(fa.dtype)
-    elem = 8 if fa.dtype == "float64" else 4
+    elem = DTYPE_BYTES.get(fa.dtype, 4)
     line_elems = max(1, dev.levels[0].line_bytes // elem)
     notes: List[str] = []
     regs = _register_level(fa, dev, lanes, notes)
@@ -220,7 +221,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[R
 def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
     """Reductions and elementwise functions: one row-parallel, vectorized schedule."""
     lanes = dev.simd_lanes(fa.dtype)
-    elem = 8 if fa.dtype == "float64" else 4
+    elem = DTYPE_BYTES.get(fa.dtype, 4)
     rows = 1
     for a in fa.axes:
         if a.kind == "S":

@@ -18,7 +18,10 @@ from ..errors import UnsupportedError
 from .access import Access, build_access
 from .visit import post_order_visit
 
+# Compute-bound (tiled, FMA) kernels need a float type; memory-bound kernels only move and compare
+# values, so masks and indices (bool / integer tensors, as Relax's attention masks) are fine there.
 SUPPORTED_DTYPES = ("float32", "float64")
+STREAMING_DTYPES = SUPPORTED_DTYPES + ("bool", "int8", "uint8", "int16", "int32", "int64")
 _SPATIAL, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
@@ -140,10 +143,11 @@ def analyze(func) -> FuncAnalysis:
         if not _is_buffer(p):
             raise UnsupportedError(f"parameter {p} is not a buffer (scalar parameters unsupported)")
     for buf in buffers:
-        if str(buf.dtype) not in SUPPORTED_DTYPES:
+        if str(buf.dtype) not in STREAMING_DTYPES:
             raise UnsupportedError(
                 f"dtype {buf.dtype} of {buf.name} is not handled by the CPU backend "
-                f"(supported: {', '.join(SUPPORTED_DTYPES)})")
+                f"(supported: {', '.join(SUPPORTED_DTYPES)}; integer and bool tensors in "
+                "memory-bound kernels)")
 
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
@@ -200,6 +204,12 @@ def analyze(func) -> FuncAnalysis:
         fa.kind = "tiled"
     else:
         fa.kind = "reduction"
+    if fa.kind == "tiled":
+        bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in SUPPORTED_DTYPES]
+        if bad:
+            raise UnsupportedError(
+                f"a compute-bound (tiled) kernel needs {' or '.join(SUPPORTED_DTYPES)} tensors; "
+                f"got dtype {', '.join(bad)}")
     return fa
 
 

@@ -10,7 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int32": 4}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1, "int8": 1,
+               "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
 
 
 @dataclass

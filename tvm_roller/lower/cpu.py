@@ -126,6 +126,14 @@ def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int
 
 
 # -- tiled ------------------------------------------------------------------------------------------
+def _perfect_split(sch: s_tir.Schedule, loop, factors: List[int]) -> list:
+    """Split ``loop`` by exact ``factors`` recorded as a sample_perfect_tile decision."""
+    sampled = sch.sample_perfect_tile(loop, n=len(factors),
+                                      max_innermost_factor=max(64, factors[-1]),
+                                      decision=[int(f) for f in factors])
+    return sch.split(loop, sampled)
+
+
 def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     lanes = t.vector_lanes
@@ -140,11 +148,15 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     loops = _axis_loops(sch, main)
     S, R = fa.spatial, fa.reduction
     s0, s1, s2, s3, r0, r1 = [], [], [], [], [], []
+    # tile sizes enter the trace as sample_perfect_tile decisions, so MetaSchedule's mutators
+    # can evolve a roller schedule (warm start) like one of its own samples
     for i in S:
-        a, b, c, d = sch.split(loops[i], [None, t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
+        ext = fa.axes[i].extent
+        a, b, c, d = _perfect_split(sch, loops[i], [ext // t.l2[i], t.l2[i] // t.l1[i],
+                                                    t.l1[i] // t.reg[i], t.reg[i]])
         s0.append(a); s1.append(b); s2.append(c); s3.append(d)
     for i in R:
-        a, b = sch.split(loops[i], [None, t.l1[i]])
+        a, b = _perfect_split(sch, loops[i], [fa.axes[i].extent // t.l1[i], t.l1[i]])
         r0.append(a); r1.append(b)
     v = t.vector_axis
     s3_vec = None
