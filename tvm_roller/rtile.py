@@ -37,8 +37,11 @@ class RTile:
     terms: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)  # alignment and policy decisions, for explain
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "RTile":

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from tvm import s_tir, tirx
+import tvm
+from tvm import s_tir, sym, tirx
+from tvm.ir.expr import TensorLoad
 
 from ..analysis import FuncAnalysis
+from ..analysis.visit import post_order_visit
 from ..analysis.access import build_access
 from ..errors import UnsupportedError
 from ..rtile import RTile
@@ -262,6 +265,99 @@ def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
     sch.vectorize(lane)
 
 
+# rows this many bytes apart alias to the same L1 set (a page: the set span of the usual
+# 32-48 KiB, 8-12-way L1s)
+_SET_ALIAS_BYTES = 4096
+
+
+def _element_steps(blk: tirx.Block) -> Optional[List[List[int]]]:
+    """For each tensor the block reads: how many elements its address moves per unit step of
+    each block axis (evaluated at the origin; 0 = broadcast along that axis). None if any
+    index does not evaluate to a constant (e.g. a data-dependent one)."""
+    loads = []
+    post_order_visit(blk.body, lambda n: loads.append(n) if isinstance(n, TensorLoad) else None)
+    ivs = [iv.var for iv in blk.iter_vars]
+    dtypes = {iv.var.name: str(iv.dom.extent.ty.dtype) for iv in blk.iter_vars}
+
+    def address(load, point) -> Optional[int]:
+        ana = sym.Analyzer()
+        for v, x in zip(ivs, point):
+            ana.bind(v, tirx.const(x, dtypes[v.name]))
+        flat, stride = 0, 1
+        for idx, ext in reversed(list(zip(load.indices, load.source.shape))):
+            val = ana.simplify(idx)
+            if not isinstance(val, tvm.tirx.IntImm):
+                return None
+            flat += int(val) * stride
+            stride *= int(ext)
+        return flat
+
+    steps = []
+    for load in loads:
+        origin = [0] * len(ivs)
+        base = address(load, origin)
+        if base is None:
+            return None
+        row = []
+        for k in range(len(ivs)):
+            moved = address(load, origin[:k] + [1] + origin[k + 1:])
+            if moved is None:
+                return None
+            row.append(moved - base)
+        steps.append(row)
+    return steps
+
+
+def _transposed_pair(sch: s_tir.Schedule, blk_rv, lanes: int) -> Optional[tuple]:
+    """(k, last) when some input is read with a stride along the output's innermost axis but
+    contiguously along axis k: a transpose, whose row-by-row copy touches a new cache line per
+    element. Only for a block whose loops are its axes, one to one."""
+    blk = sch.get(blk_rv)
+    loops = sch.get_loops(blk_rv)
+    exts = [int(iv.dom.extent) for iv in blk.iter_vars]
+    if len(loops) != len(exts) or len(exts) < 2 or exts[-1] < lanes:
+        return None
+    steps = _element_steps(blk)
+    if not steps:
+        return None
+    last = len(exts) - 1
+    for row in steps:
+        if abs(row[last]) > 1:
+            for k in range(last - 1, -1, -1):
+                if abs(row[k]) == 1 and exts[k] >= lanes:
+                    return k, last, abs(row[last]), _out_stride(exts, k)
+    return None
+
+
+def _out_stride(exts: List[int], k: int) -> int:
+    n = 1
+    for e in exts[k + 1:]:
+        n *= e
+    return n
+
+
+def _block_2d(sch: s_tir.Schedule, blk_rv, pair: tuple, lanes: int, cores: int) -> None:
+    """lanes x lanes blocks over axes (k, last): each block reads whole cache lines of the
+    transposed input and writes whole lines of the output; blocks run in parallel."""
+    k, last, in_stride, out_stride = pair
+    loops = sch.get_loops(blk_rv)
+    ko, ki = sch.split(loops[k], [None, lanes])
+    lo, li = sch.split(loops[last], [None, lanes])
+    outer = [l for i, l in enumerate(loops) if i not in (k, last)]
+    # The lines of the side that is gathered/scattered element by element must stay in L1 for
+    # the whole block. Rows a multiple of a page apart land in the same cache set and
+    # evict each other, so let that side stream whole vectors instead.
+    elem = tvm.DataType(str(sch.get(blk_rv).writes[0].source.dtype)).bits // 8
+    swap = (in_stride * elem) % _SET_ALIAS_BYTES == 0 and (out_stride * elem) % _SET_ALIAS_BYTES != 0
+    inner = [li, ki] if swap else [ki, li]
+    sch.reorder(*outer, ko, lo, *inner)
+    task = sch.fuse(*outer, ko, lo) if outer else sch.fuse(ko, lo)
+    if cores > 1:
+        sch.parallel(task)
+    sch.unroll(inner[0])
+    sch.vectorize(inner[1])
+
+
 def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     lanes = t.vector_lanes
@@ -285,6 +381,11 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         rows *= _extent(sch, l) or 1
 
     if rows >= 2 * cores:
+        if not out_red and len(_block_names(sch)) == 1:
+            pair = _transposed_pair(sch, out, lanes)
+            if pair is not None:  # a transposing copy: 2-D blocks instead of rows
+                _block_2d(sch, out, pair, lanes, cores)
+                return sch
         # vectorize reductions first (rfactor wants them at the root), then nest every stage
         # under the output's parallel row loop so a row stays in cache between stages
         for name in names[:-1]:

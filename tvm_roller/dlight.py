@@ -1,0 +1,49 @@
+"""``tvm_roller.dlight.Roller``: roller as a drop-in dlight ScheduleRule.
+
+    from tvm.s_tir import dlight as dl
+    with target:
+        mod = dl.ApplyDefaultSchedule(tvm_roller.dlight.Roller(), dl.gpu.Fallback())(mod)
+
+The rule schedules every function roller handles and returns None for the rest (never raises on
+them), so the next rule in the list takes them; why each one was declined is kept in
+``rule.declined`` and logged.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from .api import apply, plan
+from .errors import UnsupportedError
+from .hardware import DeviceModel
+
+logger = logging.getLogger("tvm_roller")
+
+
+class Roller(s_tir.dlight.ScheduleRule):
+    """Schedule a PrimFunc from roller's top rTile; decline (None) what roller cannot handle."""
+
+    def __init__(self, device: Optional[DeviceModel] = None) -> None:
+        self.device = device
+        self.declined: Dict[str, str] = {}  # function name -> reason
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> Optional[s_tir.Schedule]:
+        name = _func_name(func)
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        try:
+            p = plan(func, target, 1, self.device)
+            return apply(p, p.tiles[0])
+        except UnsupportedError as err:
+            self.declined[name] = str(err)
+            logger.info("tvm_roller.dlight.Roller declined %s: %s", name, err)
+            return None
+
+
+def _func_name(func) -> str:
+    attrs = getattr(func, "attrs", None)
+    sym = attrs.get("global_symbol") if attrs is not None else None
+    return str(sym) if sym is not None else "<anonymous>"
