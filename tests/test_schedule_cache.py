@@ -1,0 +1,447 @@
+"""Tests of tvm_roller.schedule_cache: hits give the same tiles and correct kernels, keys follow the
+target / device constants / version, bad files are misses (never crashes or wrong kernels), and
+concurrent writer processes leave only complete files.
+
+conftest's helpers are imported on use (``_h()``): the spawned writer processes import this module,
+and importing conftest there would create a session cache directory nobody removes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import tvm_roller
+from tvm_roller import schedule_cache as sc
+from tvm_roller.api import apply
+from tvm_roller.hardware import normalize_target
+from tvm_roller.schedule_cache import (CacheWarning, ScheduleCache, cached_plan, cached_schedule,
+                                       check_tile)
+
+
+def _h():
+    import conftest
+
+    return conftest
+
+
+# -- workloads ------------------------------------------------------------------------------------
+def _gemm(m: int = 37, n: int = 53, k: int = 29, names=("A", "B", "C")):
+    A = te.placeholder((m, k), "float32", name=names[0])
+    B = te.placeholder((k, n), "float32", name=names[1])
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name=names[2])
+    return te.create_prim_func([A, B, C]), [(m, k), (k, n)], (m, n), \
+        lambda a, b: a @ b
+
+
+def _rowsum(rows: int = 24, cols: int = 67):
+    A = te.placeholder((rows, cols), "float32", name="A")
+    r = te.reduce_axis((0, cols), "k")
+    R = te.compute((rows,), lambda i: te.sum(A[i, r] * A[i, r], axis=r), name="R")
+    return te.create_prim_func([A, R]), [(rows, cols)], (rows,), lambda a: (a * a).sum(axis=1)
+
+
+WORKLOADS = {"gemm": _gemm, "rowsum": _rowsum}
+
+
+def _check_kernel(sch, target, in_shapes, out_shape, ref, seed: int = 0) -> None:
+    """Build ``sch`` and compare with the float64 numpy reference on random data."""
+    h = _h()
+    lib = tvm.compile(sch.mod, target=normalize_target(target))
+    arrays = [h.rand(s, seed=seed + i) for i, s in enumerate(in_shapes)]
+    out = h.run(lib, arrays, out_shape, "float32")
+    h.assert_close(out, ref(*[a.astype(np.float64) for a in arrays]), h.F32_TOL)
+
+
+def _tiles_json(tiles) -> List[str]:
+    return [t.to_json() for t in tiles]
+
+
+def _rewrite(path: Path, mutate) -> None:
+    """Edit an entry and give it a valid checksum again (a well-formed but unsuitable entry)."""
+    entry = json.loads(path.read_text())
+    entry.pop("checksum")
+    mutate(entry)
+    entry["checksum"] = sc._sha256(sc._canonical(entry))
+    path.write_text(json.dumps(entry))
+
+
+# -- hits ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("wl", sorted(WORKLOADS))
+def test_hit_after_put_gives_same_tiles_and_correct_kernel(tmp_path, wl):
+    h = _h()
+    func, ins, out, ref = WORKLOADS[wl]()
+    dev = h.device()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        first = ScheduleCache(tmp_path)
+        p1 = cached_plan(func, h.TARGET, device=dev, cache=first)
+        assert first.stats() == {"hits": 0, "misses": 1, "corrupt": 0, "stale": 0, "writes": 1,
+                                 "write_errors": 0}
+        assert first.path(func, h.TARGET, dev).is_file()
+
+        again = ScheduleCache(tmp_path)  # a new compile (process) reading the same directory
+        p2 = cached_plan(func, h.TARGET, device=dev, cache=again)
+        assert again.stats()["hits"] == 1 and again.stats()["writes"] == 0
+        assert _tiles_json(p2.tiles) == _tiles_json(p1.tiles)
+        assert _tiles_json(p2.tiles) == _tiles_json(tvm_roller.plan(func, h.TARGET,
+                                                                    device=dev).tiles)
+        assert str(p2.target) == str(p1.target) and p2.device == p1.device
+        _check_kernel(apply(p2, p2.tiles[0]), h.TARGET, ins, out, ref)
+
+        cs = cached_schedule(func, h.TARGET, device=dev, cache=again)
+        assert cs.from_cache
+        _check_kernel(cs.schedule, h.TARGET, ins, out, ref, seed=7)
+
+
+def test_renamed_function_shares_the_entry(tmp_path):
+    """global_symbol and buffer/block names are not part of the key; shapes are."""
+    h = _h()
+    dev = h.device()
+    cache = ScheduleCache(tmp_path)
+    func = _gemm()[0]
+    key = cache.key(func, h.TARGET, dev)
+    assert cache.key(func.with_attr("global_symbol", "fused_matmul7"), h.TARGET, dev) == key
+    assert cache.key(func.without_attr("global_symbol"), h.TARGET, dev) == key
+    assert cache.key(tvm.IRModule({"other": func}), h.TARGET, dev) == key
+    renamed = _gemm(names=("X", "W", "Y"))[0]
+    assert cache.key(renamed, h.TARGET, dev) == key
+    assert cache.key(_gemm(37, 53, 30)[0], h.TARGET, dev) != key
+    assert cache.key(func.with_attr("tirx.noalias", False), h.TARGET, dev) != key
+
+    cached_plan(func, h.TARGET, device=dev, cache=cache)
+    p = cached_plan(renamed, h.TARGET, device=dev, cache=cache)
+    assert cache.stats()["hits"] == 1
+    assert p.tiles[0].axes == [a.name for a in p.analysis.axes]
+
+
+def test_key_follows_target_device_and_version(tmp_path, monkeypatch):
+    h = _h()
+    dev = h.device()
+    cache = ScheduleCache(tmp_path)
+    func = _gemm()[0]
+    key = cache.key(func, h.TARGET, dev)
+    # the same target spelled differently is the same key
+    assert cache.key(func, normalize_target(h.TARGET), dev) == key
+    assert cache.key(func, json.dumps(h.TARGET), dev) == key
+
+    assert cache.key(func, dict(h.TARGET, **{"num-cores": 1}), dev) != key
+    assert cache.key(func, dict(h.TARGET, mcpu="x86-64-v3"), dev) != key
+
+    dram = dataclasses.replace(dev.levels[-1], bandwidth_gbs=dev.levels[-1].bandwidth_gbs * 1.01)
+    assert cache.key(func, h.TARGET, dataclasses.replace(dev, levels=dev.levels[:-1] + [dram])) \
+        != key
+    peak = {k: v * 0.99 for k, v in dev.peak_gflops.items()}
+    assert cache.key(func, h.TARGET, dataclasses.replace(dev, peak_gflops=peak)) != key
+    assert cache.key(func, h.TARGET, dataclasses.replace(dev, num_units=dev.num_units + 1)) != key
+    # provenance alone is not a device constant
+    assert cache.key(func, h.TARGET, dataclasses.replace(dev, source="calibrated:/x.json")) == key
+
+    monkeypatch.setattr(tvm_roller, "__version__", "99.0.0")
+    assert cache.key(func, h.TARGET, dev) != key
+    monkeypatch.undo()
+    assert cache.key(func, h.TARGET, dev) == key
+
+    # a recalibrated device is a miss, not the old schedule
+    cached_plan(func, h.TARGET, device=dev, cache=cache)
+    cached_plan(func, h.TARGET, device=dataclasses.replace(dev, peak_gflops=peak), cache=cache)
+    assert cache.stats()["hits"] == 0 and cache.stats()["writes"] == 2
+
+
+def test_topk_entry_serves_smaller_requests_only(tmp_path):
+    h = _h()
+    dev = h.device()
+    cache = ScheduleCache(tmp_path)
+    func = _gemm()[0]
+    cached_plan(func, h.TARGET, 1, dev, cache)
+    p3 = cached_plan(func, h.TARGET, 3, dev, cache)  # the entry has 1 tile: re-plan
+    assert cache.stats()["hits"] == 0 and len(p3.tiles) == 3
+    p1 = cached_plan(func, h.TARGET, 1, dev, cache)
+    p3b = cached_plan(func, h.TARGET, 3, dev, cache)
+    assert cache.stats()["hits"] == 2
+    assert _tiles_json(p1.tiles) == _tiles_json(p3.tiles[:1])
+    assert _tiles_json(p3b.tiles) == _tiles_json(p3.tiles)
+
+
+# -- bad files ----------------------------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(300))
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _appended(path: Path) -> None:
+    path.write_bytes(path.read_bytes() + b"\n{}")
+
+
+def _not_object(path: Path) -> None:
+    path.write_text("[1, 2, 3]")
+
+
+def _bad_checksum(path: Path) -> None:
+    entry = json.loads(path.read_text())
+    entry["tiles"][0]["l1"][0] += 1
+    path.write_text(json.dumps(entry))
+
+
+def _wrong_key(path: Path) -> None:
+    # a complete, valid entry of another function, stored under this key's name
+    h = _h()
+    other = ScheduleCache(path.parent / "other")
+    func = _gemm(16, 16, 16)[0]
+    cached_plan(func, h.TARGET, device=h.device(), cache=other)
+    path.write_bytes(other.path(func, h.TARGET, h.device()).read_bytes())
+
+
+def _foreign_tile(path: Path) -> None:
+    _rewrite(path, lambda e: e["tiles"][0].update(surprise=1))
+
+
+def _future_format(path: Path) -> None:
+    _rewrite(path, lambda e: e.update(format=2))
+
+
+def _tile_does_not_fit(path: Path) -> None:
+    # a register tile wider than its L1 tile: a zero split factor, which crashes TVM natively
+    # (SIGFPE) if it ever reached apply; the analysis check must stop it
+    def mutate(e):
+        t = e["tiles"][0]
+        t["reg"] = [t["l1"][i] * 2 if k == "S" else 1 for i, k in enumerate(t["axis_kinds"])]
+    _rewrite(path, mutate)
+
+
+def _tile_of_other_shape(path: Path) -> None:
+    _rewrite(path, lambda e: e["tiles"][0].update(extents=[36, 53, 29]))
+
+
+def _tile_fails_to_apply(path: Path) -> None:
+    # fits the shape checks; apply raises (packing an operand the function does not have)
+    _rewrite(path, lambda e: e["tiles"][0].update(pack=["NoSuchBuffer"]))
+
+
+BAD = {"truncated": _truncate, "garbage": _garbage, "empty": _empty, "appended": _appended,
+       "not_object": _not_object, "bad_checksum": _bad_checksum, "wrong_key": _wrong_key,
+       "foreign_tile": _foreign_tile, "future_format": _future_format}
+STALE = {"tile_does_not_fit": _tile_does_not_fit, "tile_of_other_shape": _tile_of_other_shape,
+         "tile_fails_to_apply": _tile_fails_to_apply}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD) + sorted(STALE))
+def test_bad_entry_is_a_miss_with_a_warning_and_a_correct_kernel(tmp_path, damage):
+    h = _h()
+    func, ins, out, ref = _gemm()
+    dev = h.device()
+    cache = ScheduleCache(tmp_path)
+    good = cached_plan(func, h.TARGET, device=dev, cache=cache)
+    path = cache.path(func, h.TARGET, dev)
+    (BAD.get(damage) or STALE[damage])(path)
+
+    with pytest.warns(CacheWarning, match="ignoring schedule cache entry"):
+        cs = cached_schedule(func, h.TARGET, device=dev, cache=cache)
+    assert not cs.from_cache
+    assert _tiles_json(cs.plan.tiles) == _tiles_json(good.tiles)
+    _check_kernel(cs.schedule, h.TARGET, ins, out, ref)
+    st = cache.stats()
+    assert st["corrupt" if damage in BAD else "stale"] == 1
+    assert st["hits"] == 0 and st["misses"] == 2 and st["writes"] == 2
+
+    # the entry was rewritten: the next lookup is a clean hit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert _tiles_json(cache.get(func, h.TARGET, dev)) == _tiles_json(good.tiles)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "wrong_key"])
+def test_get_on_bad_file_returns_none_and_removes_it(tmp_path, damage):
+    h = _h()
+    func, dev = _gemm()[0], h.device()
+    cache = ScheduleCache(tmp_path)
+    cache.put(func, h.TARGET, dev, tvm_roller.plan(func, h.TARGET, device=dev).tiles)
+    path = cache.path(func, h.TARGET, dev)
+    BAD[damage](path)
+    with pytest.warns(CacheWarning):
+        assert cache.get(func, h.TARGET, dev) is None
+    assert not path.exists()
+    assert cache.get(func, h.TARGET, dev) is None  # now a plain miss, no second warning
+
+
+def test_unreadable_and_unwritable_cache_do_not_crash(tmp_path):
+    h = _h()
+    func, ins, out, ref = _gemm()
+    dev = h.device()
+    # a directory where the entry file should be: cannot be read, removed or replaced
+    cache = ScheduleCache(tmp_path / "c")
+    path = cache.path(func, h.TARGET, dev)
+    (path / "x").mkdir(parents=True)
+    with pytest.warns(CacheWarning):
+        cs = cached_schedule(func, h.TARGET, device=dev, cache=cache)
+    _check_kernel(cs.schedule, h.TARGET, ins, out, ref)
+    assert cache.stats()["write_errors"] == 1
+    # the cache directory is a file
+    (tmp_path / "f").write_text("")
+    with pytest.warns(CacheWarning, match="cannot write"):
+        p = cached_plan(func, h.TARGET, device=dev, cache=ScheduleCache(tmp_path / "f"))
+    assert p.tiles
+
+
+# -- writing --------------------------------------------------------------------------------------
+def test_put_leaves_no_temporary_files(tmp_path, monkeypatch):
+    h = _h()
+    func, dev = _gemm()[0], h.device()
+    tiles = tvm_roller.plan(func, h.TARGET, device=dev).tiles
+    cache = ScheduleCache(tmp_path)
+    shard = cache.path(func, h.TARGET, dev).parent
+    shard.mkdir(parents=True)
+    old, fresh = shard / ".dead.abc.tmp", shard / ".inflight.def.tmp"
+    old.write_text("{")
+    fresh.write_text("{")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    cache.put(func, h.TARGET, dev, tiles)
+    assert not old.exists() and fresh.exists()  # a writer still in flight is left alone
+    fresh.unlink()
+
+    def failing_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sc.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        cache.put(func, h.TARGET, dev, tiles)
+    monkeypatch.undo()
+    assert [p.name for p in shard.iterdir()] == [cache.path(func, h.TARGET, dev).name]
+
+
+def test_fresh_plans_pass_the_tile_check():
+    """Otherwise the cache would silently never store them."""
+    from tvm import topi
+
+    h = _h()
+    X = te.placeholder((2, 9, 11, 5), "float32", name="X")
+    Wt = te.placeholder((3, 3, 5, 7), "float32", name="W")
+    E = te.placeholder((33, 17), "float32", name="E")
+    funcs = [_gemm()[0], _rowsum()[0], _gemm(1, 7, 13)[0],
+             te.create_prim_func([X, Wt, topi.nn.conv2d_nhwc(X, Wt, 1, 1, 1,
+                                                             out_dtype="float32")]),
+             te.create_prim_func([E, te.compute(E.shape, lambda i, j: E[i, j] * 2.0)])]
+    for f in funcs:
+        p = tvm_roller.plan(f, h.TARGET, topk=3, device=h.device())
+        for t in p.tiles:
+            check_tile(t, p.analysis)
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+def _writer(directory: str, target: dict, worker: int, rounds: int, code_digest: str,
+            start, results) -> None:
+    """One process hammering put/get on two shared keys and an own one (run under spawn)."""
+    warnings.simplefilter("error", CacheWarning)  # any damaged file seen is a failure
+    # the parent's digest of roller's source: an edit in a shared checkout while the test runs
+    # must not put the writers and the parent on different keys
+    sc._code_digest = code_digest
+    from tvm_roller.hardware import preset
+
+    dev = preset("x86-avx512")
+    own_dev = dataclasses.replace(dev, peak_gflops={k: v * (1 + worker / 10)
+                                                    for k, v in dev.peak_gflops.items()})
+    jobs = [(_gemm()[0], dev), (_rowsum()[0], dev), (_gemm()[0], own_dev)]
+    expect = [_tiles_json(tvm_roller.plan(f, target, device=d).tiles) for f, d in jobs]
+    cache = ScheduleCache(Path(directory))
+    start.wait(timeout=120)  # both processes imported and planned: hammer at the same time
+    t0 = time.perf_counter()
+    seen = 0
+    for _ in range(rounds):
+        for (f, d), tiles in zip(jobs, expect):
+            cache.put(f, target, d, [tvm_roller.RTile.from_json(t) for t in tiles])
+            got = cache.get(f, target, d)
+            assert got is not None and _tiles_json(got) == tiles
+            seen += 1
+    results.put({"worker": worker, "checked": seen, "loop_s": round(time.perf_counter() - t0, 2),
+                 **cache.stats()})
+
+
+def test_concurrent_writers_leave_complete_files(tmp_path):
+    h = _h()
+    rounds = 80
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), h.TARGET, w, rounds,
+                                               sc._roller_code_digest(), start, results))
+             for w in (1, 2)]
+    t0 = time.perf_counter()
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(timeout=180)
+    assert [pr.exitcode for pr in procs] == [0, 0]  # a failed assert or warning exits with 1
+    stats = [results.get(timeout=5) for _ in procs]
+    print(f"\n2 spawned writers, {rounds} rounds x 3 keys each: {time.perf_counter() - t0:.1f} s "
+          f"(incl. process start); {stats}")
+    for r in stats:
+        assert r["checked"] == 3 * rounds and r["corrupt"] == 0 and r["hits"] == 3 * rounds
+
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".json"]
+    assert leftovers == []
+    files = sorted(tmp_path.rglob("*.json"))
+    assert len(files) == 4  # gemm + rowsum shared, one own gemm key per worker
+
+    dev = h.device()
+    cache = ScheduleCache(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        for wl in ("gemm", "rowsum"):
+            func, ins, out, ref = WORKLOADS[wl]()
+            cs = cached_schedule(func, h.TARGET, device=dev, cache=cache)
+            assert cs.from_cache
+            assert _tiles_json(cs.plan.tiles) == _tiles_json(
+                tvm_roller.plan(func, h.TARGET, device=dev).tiles)
+            _check_kernel(cs.schedule, h.TARGET, ins, out, ref)
+        for w in (1, 2):
+            own = dataclasses.replace(dev, peak_gflops={k: v * (1 + w / 10)
+                                                        for k, v in dev.peak_gflops.items()})
+            assert cache.get(_gemm()[0], h.TARGET, own) is not None
+    assert cache.stats()["corrupt"] == 0
+
+
+# -- timing ---------------------------------------------------------------------------------------
+def test_hit_is_faster_than_planning(tmp_path):
+    h = _h()
+    dev = h.device()
+
+    def best(fn, n=5) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    lines = []
+    for name, func in [("gemm 37x53x29", _gemm()[0]), ("gemm 256x256x256", _gemm(256, 256, 256)[0]),
+                       ("rowsum 24x67", _rowsum()[0])]:
+        plan_s = best(lambda: tvm_roller.plan(func, h.TARGET, device=dev))
+        miss_s = best(lambda: cached_plan(func, h.TARGET, device=dev,
+                                          cache=ScheduleCache(tmp_path / f"m{time.time_ns()}")))
+        cache = ScheduleCache(tmp_path / "hit")
+        cached_plan(func, h.TARGET, device=dev, cache=cache)
+        hit_s = best(lambda: cached_plan(func, h.TARGET, device=dev, cache=cache))
+        assert cache.stats()["hits"] == 5
+        lines.append(f"{name}: plan {plan_s * 1e3:.2f} ms, miss (plan + put) {miss_s * 1e3:.2f} ms,"
+                     f" hit {hit_s * 1e3:.2f} ms")
+    print("\n" + "\n".join(lines))

@@ -1,0 +1,475 @@
+"""Persistent schedule cache: compiling the same function again skips roller's policy.
+
+Layout: ``<cache_dir()>/schedules/<key[:2]>/<key>.json``, one file per key. ``key`` is the sha256 of
+the *key material*:
+
+* ``func``: ``tvm_ffi.structural_hash`` of the PrimFunc with its ``global_symbol`` attribute
+  removed, plus the parameters' dtypes and shapes. The name is dropped on purpose: Relax's FuseTIR
+  names identical layers ``fused_matmul_add``, ``fused_matmul_add1``, ... and they should share one
+  entry. Other attributes (``tirx.noalias``, ...) change the lowering, so they stay in the hash.
+  The structural hash already ignores buffer, variable and block names.
+* ``target``: the normalised target (``hardware.normalize_target``) as sorted JSON.
+* ``device``: ``DeviceModel.to_json()`` without ``source`` (where the numbers came from is not a
+  number the policy reads): a recalibration or another preset changes the key.
+* ``roller``: ``tvm_roller.__version__`` plus a digest of the package's source files (an editable
+  install keeps its version while the policy changes), and the TVM / tvm-ffi versions.
+
+Each file holds ``{"format", "key", "material", "topk", "tiles", "created", "checksum"}`` where
+``checksum`` is the sha256 of the canonical JSON of everything else. A file that is empty,
+truncated, not JSON, fails its checksum, belongs to another key or holds tiles that do not fit the
+function is a miss: a :class:`CacheWarning` is issued and the file is removed, and the caller
+re-plans (and rewrites it).
+
+Concurrency: a writer writes a private temporary file in the entry's directory and renames it over
+the entry (``os.replace`` is atomic on POSIX), so readers see either the old or the new complete
+file, and two processes writing the same key leave one of their two complete files (both hold the
+same plan). No lock is needed. Temporary files are removed on any error; one left by a killed
+process is swept by a later ``put`` into the same directory once it is an hour old.
+
+A cached tile can never produce a wrong kernel: a tile only chooses loop splits and annotations, and
+the ``s_tir`` schedule primitives preserve the function's semantics or raise. Tiles are still
+checked against the function's analysis before use (a tile whose splits make no sense can crash
+TVM natively, so it must never reach ``apply``), and :func:`cached_schedule` re-plans when applying
+a cached tile raises.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+from .analysis import FuncAnalysis, analyze, unwrap_func
+from .api import Plan, TargetLike, apply, resolve_target
+from .api import plan as _plan
+from .hardware import DeviceModel
+from .hardware.cache import cache_dir
+from .hardware.cpu import _plain
+from .rtile import RTile
+
+logger = logging.getLogger("tvm_roller")
+
+_FORMAT = 1
+_MAX_ENTRY_BYTES = 4 << 20  # an entry is a few KB; anything far bigger is not ours
+_STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+_TMP_SUFFIX = ".tmp"
+# Attributes that only name a function; dropped before hashing (see the module doc).
+_NAME_ATTRS = ("global_symbol",)
+# What applying an unsuitable tile raises: TVM 0.27 has no common TVMError base; FFI errors
+# arrive as RuntimeError subclasses (ScheduleError, InternalError) or ValueError/TypeError/
+# IndexError, and lower/cpu.py's own index arithmetic raises the rest.
+_APPLY_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, ZeroDivisionError)
+
+
+class CacheWarning(UserWarning):
+    """A schedule cache entry was unreadable or unusable: ignored, and the function re-planned."""
+
+
+class _BadEntry(ValueError):
+    """An entry file that cannot be used (the message says why)."""
+
+
+@dataclass(frozen=True)
+class _Key:
+    digest: str
+    material: Dict[str, Any]  # JSON-native, as stored in (and compared with) the file
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# The modules whose code decides the tiles: analysis, policy, micro-model, lowering. (Target and
+# device normalisation need not be here: their results are in the key themselves.)
+_TILE_CODE = ("api.py", "rtile.py", "policy.py", "perf_model.py", "hardware/model.py", "analysis",
+              "lower")
+_code_digest: Optional[str] = None
+
+
+def _roller_code_digest() -> str:
+    """sha256 over the source of the tile-deciding modules, once per process (~1 ms): an editable
+    install keeps ``__version__`` while its policy or lowering changes, and must not keep
+    serving the old tiles."""
+    global _code_digest
+    if _code_digest is None:
+        root = Path(__file__).resolve().parent
+        files = []
+        for rel in _TILE_CODE:
+            p = root / rel
+            files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        h = hashlib.sha256()
+        for path in files:
+            h.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
+            try:
+                h.update(path.read_bytes())
+            except OSError:  # absent in this install: its name alone still enters the digest
+                pass
+            h.update(b"\0")
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+def func_fingerprint(func) -> Dict[str, Any]:
+    """The function part of the key material: structural hash (name attributes removed) and the
+    parameters' dtypes/shapes (a cheap second discriminator next to a 64-bit hash)."""
+    f = unwrap_func(func)
+    attrs = f.attrs
+    for name in _NAME_ATTRS:
+        if attrs is not None and name in attrs:
+            f = f.without_attr(name)
+    params = []
+    for p in f.params:
+        # in 0.27 a buffer parameter is a Var with a BufferType (shape + dtype); scalars have none
+        shape = getattr(getattr(p, "ty", None), "shape", None)
+        params.append([str(p.dtype), None if shape is None else [str(d) for d in shape]])
+    return {"hash": f"{tvm_ffi.structural_hash(f):016x}", "params": params}
+
+
+def _target_material(tgt: tvm.target.Target) -> Any:
+    # export() holds tvm_ffi Map/Array (json would fall back to their str): make them plain
+    return _plain(tgt.export())
+
+
+def _device_material(device: DeviceModel) -> Dict[str, Any]:
+    d = json.loads(device.to_json())
+    d.pop("source", None)  # provenance only; the numbers are what matter
+    return d
+
+
+# -- tile checks ----------------------------------------------------------------------------------
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_tile_shape(t: RTile) -> None:
+    """Self-consistency of a tile read from disk (raises _BadEntry)."""
+    n = len(t.extents)
+    if not (isinstance(t.kind, str) and isinstance(t.axis_kinds, str) and len(t.axis_kinds) == n):
+        raise _BadEntry("tile kind/axis_kinds malformed")
+    for name in ("extents", "reg", "l1", "l2"):
+        xs = getattr(t, name)
+        if not (isinstance(xs, list) and len(xs) == n and all(_is_int(x) and x >= 1 for x in xs)):
+            raise _BadEntry(f"tile field {name} is not {n} positive integers")
+    if not (_is_int(t.vector_lanes) and t.vector_lanes >= 1 and _is_int(t.num_tasks)
+            and t.num_tasks >= 1 and _is_int(t.unroll) and t.unroll >= 0):
+        raise _BadEntry("tile vector_lanes/num_tasks/unroll out of range")
+    if t.vector_axis is not None and not (_is_int(t.vector_axis) and 0 <= t.vector_axis < n):
+        raise _BadEntry("tile vector_axis out of range")
+    if not (isinstance(t.pack, list) and all(isinstance(p, str) for p in t.pack)):
+        raise _BadEntry("tile pack is not a list of names")
+
+
+def check_tile(t: RTile, fa: FuncAnalysis) -> None:
+    """Raise ValueError unless ``t`` fits the analysed function the way lower/cpu.py needs it.
+
+    Not a style check: a register tile larger than its L1 tile makes a split factor 0, which
+    crashes the process (SIGFPE inside TVM) instead of raising, so such a tile must never reach
+    ``apply``."""
+    _check_tile_shape(t)
+    if t.kind != fa.kind:
+        raise _BadEntry(f"tile kind {t.kind} != function kind {fa.kind}")
+    if t.extents != [a.extent for a in fa.axes]:
+        raise _BadEntry(f"tile extents {t.extents} != function extents "
+                        f"{[a.extent for a in fa.axes]}")
+    if t.axis_kinds != "".join(a.kind for a in fa.axes):
+        raise _BadEntry("tile axis kinds differ from the function's")
+    if t.vector_axis != fa.vector_axis:
+        raise _BadEntry(f"tile vector axis {t.vector_axis} != function's {fa.vector_axis}")
+    if t.kind == "tiled":
+        if t.acc_level not in ("reg", "task"):
+            raise _BadEntry(f"tile acc_level {t.acc_level!r}")
+        for i, a in enumerate(fa.axes):
+            if a.kind == "S" and not t.reg[i] <= t.l1[i] <= t.l2[i] <= a.extent:
+                raise _BadEntry(f"axis {a.name}: tiles reg {t.reg[i]} <= l1 {t.l1[i]} <= "
+                                f"l2 {t.l2[i]} <= extent {a.extent} do not hold")
+            if a.kind == "R" and not t.l1[i] <= a.extent:
+                raise _BadEntry(f"axis {a.name}: reduction chunk {t.l1[i]} > extent {a.extent}")
+
+
+# -- the cache -------------------------------------------------------------------------------------
+class ScheduleCache:
+    """Per-key JSON files of planned rTiles under ``directory`` (default ``cache_dir()/schedules``).
+
+    ``get``/``put`` never crash on a bad file; ``put`` raises OSError when the directory cannot be
+    written (``cached_plan`` turns that into a warning). ``stats()`` counts this instance's
+    lookups: ``hits`` are entries that were used, ``misses`` every lookup that ended in planning
+    (including ``corrupt`` files and ``stale`` tiles). The files are safe to share between
+    processes; an instance's counters are not meant to be shared between threads."""
+
+    def __init__(self, directory: Optional[Path] = None):
+        self.directory = Path(directory) if directory is not None else cache_dir() / "schedules"
+        self._stats = {"hits": 0, "misses": 0, "corrupt": 0, "stale": 0, "writes": 0,
+                       "write_errors": 0}
+
+    # -- keys -----------------------------------------------------------------------------------
+    def _key(self, func, target: TargetLike, device: Optional[DeviceModel]) -> _Key:
+        import tvm_roller  # the attribute, read now (tests monkeypatch it)
+
+        tgt, dev, _ = resolve_target(target, device)
+        material = {
+            "format": _FORMAT,
+            "func": func_fingerprint(func),
+            "target": _target_material(tgt),
+            "device": _device_material(dev),
+            "roller": {"version": tvm_roller.__version__, "code": _roller_code_digest()},
+            "tvm": {"tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__},
+        }
+        material = json.loads(_canonical(material))  # exactly what a file round-trip gives back
+        return _Key(_sha256(_canonical(material)), material)
+
+    def key(self, func, target: TargetLike, device: Optional[DeviceModel]) -> str:
+        """The hex sha256 naming ``func``'s entry for this target and device."""
+        return self._key(func, target, device).digest
+
+    def _path(self, digest: str) -> Path:
+        return self.directory / digest[:2] / f"{digest}.json"
+
+    def path(self, func, target: TargetLike, device: Optional[DeviceModel]) -> Path:
+        """Where ``func``'s entry lives (it may not exist)."""
+        return self._path(self.key(func, target, device))
+
+    # -- reading --------------------------------------------------------------------------------
+    def get(self, func, target: TargetLike, device: Optional[DeviceModel],
+            topk: int = 1) -> Optional[List[RTile]]:
+        """The cached top-``topk`` tiles, or None (a miss; a bad file also warns and is removed).
+        An entry planned with a smaller topk than asked for is a miss too."""
+        return self._get(self._key(func, target, device), topk)
+
+    def _get(self, k: _Key, topk: int = 1) -> Optional[List[RTile]]:
+        path = self._path(k.digest)
+        try:
+            with open(path, "rb") as fh:
+                seen = os.fstat(fh.fileno())
+                raw = fh.read(_MAX_ENTRY_BYTES + 1)
+        except (FileNotFoundError, NotADirectoryError):  # no entry (or no cache directory)
+            self._stats["misses"] += 1
+            return None
+        except OSError as err:  # a directory in its place, no permission, an I/O error
+            self._discard(path, f"{type(err).__name__}: {err}", "corrupt")
+            return None
+        try:
+            tiles, stored_topk = _parse_entry(raw, k)
+        except (_BadEntry, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            # json.JSONDecodeError is a ValueError; a foreign tile dict gives TypeError in RTile()
+            self._discard(path, f"{type(err).__name__}: {err}", "corrupt", seen)
+            return None
+        if stored_topk < topk:
+            self._stats["misses"] += 1  # planned for fewer candidates than asked for: re-plan
+            return None
+        self._stats["hits"] += 1
+        return tiles[:topk]
+
+    def _discard(self, path: Path, why: str, counter: str,
+                 seen: Optional[os.stat_result] = None) -> None:
+        """Warn about an unusable entry and remove it. With ``seen`` (the stat of the file that
+        was read) only while it is still that file: a writer may have replaced it meanwhile."""
+        self._stats[counter] += 1
+        if counter == "stale":  # it was counted as a hit when it was looked up
+            self._stats["hits"] -= 1
+        self._stats["misses"] += 1
+        warnings.warn(f"ignoring schedule cache entry {path} ({why}); re-planning",
+                      CacheWarning, stacklevel=3)
+        try:
+            now = os.stat(path)
+            if seen is None or (now.st_ino, now.st_dev) == (seen.st_ino, seen.st_dev):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass  # already gone
+        except OSError as err:  # e.g. a read-only cache: the entry keeps being ignored
+            logger.debug("cannot remove %s: %s", path, err)
+
+    def invalidate(self, func, target: TargetLike, device: Optional[DeviceModel]) -> bool:
+        """Remove ``func``'s entry; True if there was one."""
+        try:
+            os.unlink(self.path(func, target, device))
+            return True
+        except FileNotFoundError:
+            return False
+
+    # -- writing --------------------------------------------------------------------------------
+    def put(self, func, target: TargetLike, device: Optional[DeviceModel], tiles: List[RTile],
+            topk: Optional[int] = None) -> None:
+        """Store ``tiles`` (best first) for ``func``; ``topk``: how many were asked for (default
+        ``len(tiles)``; the policy may return fewer). Atomic; raises OSError if not writable."""
+        self._put(self._key(func, target, device), tiles, topk)
+
+    def _put(self, k: _Key, tiles: List[RTile], topk: Optional[int] = None) -> None:
+        if not tiles:
+            raise ValueError("no tiles to cache")
+        entry = {
+            "format": _FORMAT,
+            "key": k.digest,
+            "material": k.material,
+            "topk": int(topk if topk is not None else len(tiles)),
+            "tiles": [json.loads(t.to_json()) for t in tiles],
+            "created": time.time(),
+        }
+        entry["checksum"] = _sha256(_canonical(entry))
+        path = self._path(k.digest)
+        try:
+            _atomic_write_text(path, json.dumps(entry, sort_keys=True, indent=1))
+        except OSError:
+            self._stats["write_errors"] += 1
+            raise
+        self._stats["writes"] += 1
+        _sweep_stale_tmp(path.parent)
+
+    def stats(self) -> dict:
+        """Counts of this instance: hits, misses (incl. corrupt), corrupt, stale, writes,
+        write_errors."""
+        return dict(self._stats)
+
+
+def _parse_entry(raw: bytes, k: _Key) -> Tuple[List[RTile], int]:
+    """(tiles, topk) of an entry file's bytes; raises _BadEntry/ValueError/KeyError/TypeError."""
+    if len(raw) > _MAX_ENTRY_BYTES:
+        raise _BadEntry("file too large")
+    if not raw:
+        raise _BadEntry("empty file")
+    entry = json.loads(raw.decode("utf-8"))
+    if not isinstance(entry, dict):
+        raise _BadEntry("not a JSON object")
+    if entry.get("format") != _FORMAT:
+        raise _BadEntry(f"format {entry.get('format')!r}, expected {_FORMAT}")
+    checksum = entry.pop("checksum", None)
+    if checksum != _sha256(_canonical(entry)):
+        raise _BadEntry("checksum mismatch")
+    if entry["key"] != k.digest or entry["material"] != k.material:
+        raise _BadEntry("entry belongs to another key")
+    topk, raw_tiles = entry["topk"], entry["tiles"]
+    if not (_is_int(topk) and topk >= 1 and isinstance(raw_tiles, list) and raw_tiles
+            and all(isinstance(d, dict) for d in raw_tiles)):
+        raise _BadEntry("no tiles")
+    tiles = [RTile.from_json(json.dumps(d)) for d in raw_tiles]
+    for t in tiles:
+        _check_tile_shape(t)
+    return tiles, topk
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a private temporary file + os.replace.
+
+    Same scheme as hardware.cache.save_calibration (which inlines it), without the fsync: after a
+    power cut an entry may be empty or truncated, which the checksum turns into a miss, and a
+    compile writing hundreds of entries should not wait for the disk each time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=_TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        # never leave temporary files behind; the error itself propagates
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _sweep_stale_tmp(directory: Path) -> None:
+    """Remove temporary files of writers that died mid-write (old enough not to be in flight)."""
+    cutoff = time.time() - _STALE_TMP_S
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(_TMP_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        p = directory / name
+        try:
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
+        except FileNotFoundError:
+            pass  # its writer finished (renamed it) or another sweeper got it
+        except OSError as err:
+            logger.debug("cannot sweep %s: %s", p, err)
+
+
+# -- planning through the cache --------------------------------------------------------------------
+def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceModel],
+                 cache: ScheduleCache) -> Tuple[Plan, bool]:
+    """(plan, came_from_cache)."""
+    t0 = time.perf_counter()
+    tgt, dev, notes = resolve_target(target, device)
+    fa = analyze(func)  # raises UnsupportedError exactly as plan() would
+    k = cache._key(fa.func, tgt, dev)
+    tiles = cache._get(k, topk)
+    if tiles is not None:
+        try:
+            for t in tiles:
+                check_tile(t, fa)
+        except ValueError as err:
+            cache._discard(cache._path(k.digest), f"tile does not fit the function: {err}",
+                           "stale")
+            tiles = None
+    if tiles is not None:
+        names = [a.name for a in fa.axes]  # names are not in the hash: use this function's
+        tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
+        return Plan(fa, tgt, dev, tiles, notes, time.perf_counter() - t0), True
+    p = _plan(func, target, topk, device)
+    _store(cache, k, p, topk)
+    return p, False
+
+
+def _store(cache: ScheduleCache, k: _Key, p: Plan, topk: int) -> None:
+    try:
+        for t in p.tiles:
+            check_tile(t, p.analysis)
+    except ValueError as err:
+        # a fresh tile the cache would reject on reading: don't store it (and don't warn the
+        # user each compile); the plan itself is used as is
+        logger.debug("not caching the plan of %s: %s", k.digest, err)
+        return
+    try:
+        cache._put(k, p.tiles, topk)
+    except OSError as err:
+        warnings.warn(f"cannot write the schedule cache in {cache.directory} ({err}); "
+                      "continuing without it", CacheWarning, stacklevel=4)
+
+
+def cached_plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None,
+                cache: Optional[ScheduleCache] = None) -> Plan:
+    """``plan()`` through the cache: a hit rebuilds the Plan from the analysis and the cached
+    tiles without running the policy; a miss plans and stores. ``cache``: default
+    ``ScheduleCache()``. Use :func:`cached_schedule` to also guard ``apply``."""
+    cache = cache if cache is not None else ScheduleCache()
+    return _cached_plan(func, target, topk, device, cache)[0]
+
+
+@dataclass
+class CachedSchedule:
+    plan: Plan
+    schedule: s_tir.Schedule
+    from_cache: bool  # the tile came from the cache (False: planned now)
+
+
+def cached_schedule(func, target: TargetLike, device: Optional[DeviceModel] = None,
+                    cache: Optional[ScheduleCache] = None) -> CachedSchedule:
+    """Plan through the cache and apply the best tile. If a cached tile fails to apply (e.g.
+    written by a lowering that has since changed), warn, drop the entry, re-plan and store."""
+    cache = cache if cache is not None else ScheduleCache()
+    p, hit = _cached_plan(func, target, 1, device, cache)
+    if not hit:
+        return CachedSchedule(p, apply(p, p.tiles[0]), False)
+    try:
+        return CachedSchedule(p, apply(p, p.tiles[0]), True)
+    except _APPLY_ERRORS as err:
+        k = cache._key(p.analysis.func, p.target, p.device)
+        cache._discard(cache._path(k.digest),
+                       f"cached tile failed to apply: {type(err).__name__}: {err}", "stale")
+    p = _plan(func, target, 1, device)
+    _store(cache, k, p, 1)
+    return CachedSchedule(p, apply(p, p.tiles[0]), False)
