@@ -129,8 +129,18 @@ def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int
 
 
 # -- tiled ------------------------------------------------------------------------------------------
-def _perfect_split(sch: s_tir.Schedule, loop, factors: List[int]) -> list:
-    """Split ``loop`` by exact ``factors`` recorded as a sample_perfect_tile decision."""
+def _perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> list:
+    """Split ``loop`` into (extent / prod(inner), *inner). When the factors divide the extent they
+    are recorded as a sample_perfect_tile decision (mutable by MetaSchedule); otherwise it is a
+    plain split whose outer loop rounds up (a predicate guards the tail)."""
+    if any(f < 1 for f in inner):
+        raise UnsupportedError(f"invalid tile factors {inner} for a loop of extent {extent}")
+    prod = 1
+    for f in inner:
+        prod *= f
+    if extent % prod:
+        return sch.split(loop, [None, *inner])
+    factors = [extent // prod, *inner]
     sampled = sch.sample_perfect_tile(loop, n=len(factors),
                                       max_innermost_factor=max(64, factors[-1]),
                                       decision=[int(f) for f in factors])
@@ -154,12 +164,11 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     # tile sizes enter the trace as sample_perfect_tile decisions, so MetaSchedule's mutators
     # can evolve a roller schedule (warm start) like one of its own samples
     for i in S:
-        ext = fa.axes[i].extent
-        a, b, c, d = _perfect_split(sch, loops[i], [ext // t.l2[i], t.l2[i] // t.l1[i],
-                                                    t.l1[i] // t.reg[i], t.reg[i]])
+        a, b, c, d = _perfect_split(sch, loops[i], fa.axes[i].extent,
+                                    [t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
         s0.append(a); s1.append(b); s2.append(c); s3.append(d)
     for i in R:
-        a, b = _perfect_split(sch, loops[i], [fa.axes[i].extent // t.l1[i], t.l1[i]])
+        a, b = _perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
         r0.append(a); r1.append(b)
     v = t.vector_axis
     s3_vec = None
