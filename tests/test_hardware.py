@@ -23,7 +23,7 @@ def private_cache(tmp_path, monkeypatch):
 
 
 def _attrs(target: tvm.target.Target) -> dict:
-    return json.loads(json.dumps(hw_cpu._plain(target.export())))
+    return json.loads(json.dumps(hw_cpu.plain(target.export())))
 
 
 # -- presets ----------------------------------------------------------------------------------

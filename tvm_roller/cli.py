@@ -52,11 +52,37 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compile_model(args: argparse.Namespace) -> int:
+    import json
+
+    from tvm_roller.compile_model import (compile_model, default_input_shape, format_result,
+                                          load_factory)
+
+    factory, mod_name, fn_name = load_factory(args.model)
+    if args.input_shape:
+        try:
+            shape = tuple(int(s) for s in args.input_shape.split(","))
+        except ValueError:
+            raise ValueError(f"--input-shape must be comma-separated integers, got "
+                             f"{args.input_shape!r}") from None
+    else:
+        shape = default_input_shape(mod_name, fn_name)
+        if shape is None:
+            raise ValueError(f"{args.model} declares no INPUT_SHAPES entry: pass --input-shape")
+    result = compile_model(factory(), shape, _target(args.target), name=args.model,
+                           cache=not args.no_cache, tvm_default=not args.no_tvm_default)
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result.to_dict(), fh, indent=1)
+    return 0 if result.max_abs_err <= args.tol else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tvm-roller",
         description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
-    sub = ap.add_subparsers(dest="cmd", metavar="{suite,calibrate,explain}")
+    sub = ap.add_subparsers(dest="cmd", metavar="{suite,calibrate,explain,compile-model}")
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
@@ -82,6 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--op", required=True, help="CLASS:INDEX, e.g. GMM:1 (a bare CLASS explains all 4)")
     e.add_argument("--target", default=None, help=_TARGET_HELP)
     e.set_defaults(fn=_cmd_explain)
+
+    m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
+                       description="Import MODULE, call FACTORY() for an nn.Module, export it with "
+                                   "torch.export, compile it with roller's Relax pipeline, check "
+                                   "it against PyTorch on random input and print compile time, "
+                                   "latency vs PyTorch and TVM's default build, and the per-"
+                                   "function report. Exit status 1 if the error exceeds --tol.")
+    m.add_argument("model", help="MODULE:FACTORY, e.g. tvm_roller.examples.models:bert_layer")
+    m.add_argument("--input-shape", default=None,
+                   help="comma-separated input shape, e.g. 1,128,768 (default: the module's "
+                        "INPUT_SHAPES entry)")
+    m.add_argument("--target", default=None, help=_TARGET_HELP)
+    m.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
+    m.add_argument("--no-tvm-default", action="store_true",
+                   help="skip building/timing TVM's default (unscheduled) build")
+    m.add_argument("--tol", type=float, default=1e-3, help="max abs error allowed (default 1e-3)")
+    m.add_argument("--json", metavar="OUT", default=None, help="write the result as JSON")
+    m.set_defaults(fn=_cmd_compile_model)
     return ap
 
 

@@ -44,13 +44,19 @@ class FuncReport:
         return asdict(self)
 
 
-def fusion_passes() -> tvm.transform.Pass:
+def fusion_passes(fast_math: bool = True) -> tvm.transform.Pass:
     """Legalize and fuse the way roller's pipeline does (elementwise epilogues join their producer).
 
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
-    pipeline schedules, so records written for them apply to what the pipeline builds."""
-    return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
+    pipeline schedules, so records written for them apply to what the pipeline builds.
+    ``fast_math`` swaps exp/tanh for TVM's polynomial versions (``FastMathTransform``) and erf /
+    GELU for roller's rational erf (:mod:`tvm_roller.fast_math`): these vectorize, while LLVM's
+    scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6."""
+    from . import fast_math as fm
+
+    fast = [relax.transform.FastMathTransform()] if fast_math else []
+    return tvm.transform.Sequential(fast + [
+        relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -64,7 +70,7 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
 
     ``cache``: True (the default persistent cache), False (none) or a ScheduleCache.
     ``progress``: a tqdm bar over functions; None = only for modules with many functions."""
-    from .api import apply, resolve_target
+    from .api import resolve_target
 
     tgt, dev, _ = resolve_target(target, device)
     sched_cache = _resolve_cache(cache)
@@ -79,9 +85,8 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
             t0 = time.perf_counter()
             name = gv.name_hint
             try:
-                p, cached = _plan(func, tgt, dev, sched_cache)
+                p, sch, cached = _schedule_one(func, tgt, dev, sched_cache)
                 tile = p.tiles[0]
-                sch = apply(p, tile)
             except UnsupportedError as err:
                 entries.append(FuncReport(name, "fallback", reason=str(err),
                                           schedule_s=time.perf_counter() - t0))
@@ -100,11 +105,14 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
 
 
 def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
-                 cache=True, progress: Optional[bool] = None) -> tvm.transform.Pass:
+                 cache=True, progress: Optional[bool] = None,
+                 fast_math: bool = True) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``. When
-    ``report`` is a list, one entry (a dict, see :class:`FuncReport`) per PrimFunc is appended."""
+    ``report`` is a list, one entry (a dict, see :class:`FuncReport`) per PrimFunc is appended.
+    ``cache``: the persistent schedule cache (True: the default one; False: none; or a
+    :class:`~tvm_roller.schedule_cache.ScheduleCache`). ``fast_math``: see :func:`fusion_passes`."""
     from .api import resolve_target
 
     tgt, _, _ = resolve_target(target, device)
@@ -116,12 +124,44 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         with tgt:
             seq = tvm.transform.Sequential(
                 stages.library_dispatch_passes(tgt)
-                + [fusion_passes(), roller]
+                + [fusion_passes(fast_math), roller]
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
             return seq(mod)
 
     return _pipeline
+
+
+def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
+            device: Optional[DeviceModel] = None, cache=True, fast_math: bool = True,
+            progress: Optional[bool] = None):
+    """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
+
+    With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.module_cache`) under a key
+    made of the module's structural hash, the target, the device constants and roller's code, so
+    compiling the same model again is a load. Returns something ``relax.VirtualMachine`` takes.
+    On a cache hit ``report`` gets the entries stored with the library (``cached`` set)."""
+    from .api import resolve_target
+    from .module_cache import ModuleCache
+
+    tgt, dev, _ = resolve_target(target, device)
+    mcache = None if cache is False or cache is None else ModuleCache()
+    if mcache is not None:
+        hit = mcache.load(mod, tgt, dev, {"fast_math": fast_math})
+        if hit is not None:
+            lib, entries = hit
+            if report is not None:
+                report.extend(dict(e, cached=True) for e in entries)
+            _summarise([FuncReport(**dict(e, cached=True)) for e in entries])
+            return lib
+    entries: list = []
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
+        tgt, entries, device, cache, progress, fast_math))
+    if report is not None:
+        report.extend(entries)
+    if mcache is not None:
+        mcache.store(mod, tgt, dev, {"fast_math": fast_math}, ex, entries)
+    return ex
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -152,17 +192,17 @@ def _resolve_cache(cache):
     return ScheduleCache() if cache is True else cache
 
 
-def _plan(func, tgt, dev, sched_cache):
-    """(plan, came_from_cache)."""
-    from .api import plan
+def _schedule_one(func, tgt, dev, sched_cache):
+    """(plan, schedule, came_from_cache)."""
+    from .api import apply, plan
 
     if sched_cache is None:
-        return plan(func, tgt, 1, dev), False
-    from .schedule_cache import cached_plan
+        p = plan(func, tgt, 1, dev)
+        return p, apply(p, p.tiles[0]), False
+    from .schedule_cache import cached_schedule
 
-    before = sched_cache.stats().get("hits", 0)
-    p = cached_plan(func, tgt, 1, dev, cache=sched_cache)
-    return p, sched_cache.stats().get("hits", 0) > before
+    cs = cached_schedule(func, tgt, dev, cache=sched_cache)
+    return cs.plan, cs.schedule, cs.from_cache
 
 
 def _progress(items, progress: Optional[bool]):

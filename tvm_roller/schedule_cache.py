@@ -39,7 +39,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -54,8 +53,8 @@ from .analysis import FuncAnalysis, analyze, unwrap_func
 from .api import Plan, TargetLike, apply, resolve_target
 from .api import plan as _plan
 from .hardware import DeviceModel
-from .hardware.cache import cache_dir
-from .hardware.cpu import _plain
+from .hardware.cache import atomic_write, cache_dir
+from .hardware.cpu import plain
 from .rtile import RTile
 
 logger = logging.getLogger("tvm_roller")
@@ -142,7 +141,7 @@ def func_fingerprint(func) -> Dict[str, Any]:
 
 def _target_material(tgt: tvm.target.Target) -> Any:
     # export() holds tvm_ffi Map/Array (json would fall back to their str): make them plain
-    return _plain(tgt.export())
+    return plain(tgt.export())
 
 
 def _device_material(device: DeviceModel) -> Dict[str, Any]:
@@ -362,22 +361,9 @@ def _parse_entry(raw: bytes, k: _Key) -> Tuple[List[RTile], int]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a private temporary file + os.replace.
-
-    Same scheme as hardware.cache.save_calibration (which inlines it), without the fsync: after a
-    power cut an entry may be empty or truncated, which the checksum turns into a miss, and a
-    compile writing hundreds of entries should not wait for the disk each time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=_TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        # never leave temporary files behind; the error itself propagates
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # no fsync: after a power cut an entry may be empty or truncated, which the checksum turns
+    # into a miss, and a compile writing hundreds of entries should not wait for the disk
+    atomic_write(path, text.encode("utf-8"), suffix=_TMP_SUFFIX)
 
 
 def _sweep_stale_tmp(directory: Path) -> None:

@@ -64,6 +64,13 @@ class Access:
             return nz[0]
         return None
 
+    def unit_stride_innermost(self, axis: int) -> bool:
+        """``axis`` appears only in the last dimension, affinely with coefficient 1 (other axes may
+        appear there too, e.g. a window offset)."""
+        if not self.dims or self.dims[-1].coeffs is None or self.dims[-1].coeffs[axis] != 1:
+            return False
+        return all(d.coeffs is not None and d.coeffs[axis] == 0 for d in self.dims[:-1])
+
     def stride_of_axis(self, axis: int) -> int:
         """Element stride in this buffer when ``axis`` advances by one (0 when unused)."""
         stride, s = 0, 1

@@ -263,7 +263,8 @@ def _find_vector_axis(fa: FuncAnalysis) -> Optional[int]:
     if cand is None or fa.axes[cand].kind != "S":
         return None
     for acc in fa.reads:
-        uses = acc.axes_used()
-        if cand in uses and acc.innermost_axis() != cand:
+        # every input using the axis must step by exactly one element along it: plain
+        # innermost (A[.., j]) or a sliding window (X[.., x + rx], NCHW convolutions)
+        if cand in acc.axes_used() and not acc.unit_stride_innermost(cand):
             return None
     return cand

@@ -77,18 +77,26 @@ def load_calibration(key: str) -> Optional[DeviceModel]:
 def save_calibration(key: str, model: DeviceModel) -> Path:
     """Write ``model`` under ``key`` atomically; returns the file path."""
     path = calibration_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": _FORMAT, "key": key, "model": json.loads(model.to_json())}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
+    atomic_write(path, json.dumps(payload, indent=1, sort_keys=True).encode("utf-8"), fsync=True)
+    return path
+
+
+def atomic_write(path: Path, data: bytes, fsync: bool = False, suffix: str = ".tmp") -> None:
+    """Write ``data`` to ``path`` via a private temporary file in the same directory and
+    ``os.replace``: readers see the old or the new complete file, never half of one, and
+    concurrent writers cannot interleave. ``fsync`` makes it survive a power cut too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         # never leave temporary files behind; the error itself propagates
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path

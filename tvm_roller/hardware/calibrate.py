@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import UnsupportedError
 from . import cache as _cache
-from .cpu import TargetLike, _arch, _plain, detect_isa, from_target, host_cpu, \
+from .cpu import TargetLike, _arch, plain, detect_isa, from_target, host_cpu, \
     host_physical_cores, host_triple, normalize_target, target_mattr
 from .model import DeviceModel, MemoryLevel
 
@@ -224,7 +224,7 @@ def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
     tgt = normalize_target(target if target is not None else {"kind": "llvm"})
     if tgt.kind.name != "llvm":
         raise UnsupportedError(f"calibrate() measures CPUs (llvm targets), not {tgt.kind.name!r}")
-    spec = _plain(tgt.export())
+    spec = plain(tgt.export())
     _check_runs_here(spec)
     # this machine's capacities and clock even for a non-host mcpu (e.g. x86-64-v3 on a znver4)
     est = from_target(tgt, use_cache=False, host_caches=True)

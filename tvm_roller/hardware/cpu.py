@@ -188,16 +188,16 @@ def _host_dram_bytes() -> Optional[int]:
 # ---------------------------------------------------------------------------------------------
 # target normalisation
 # ---------------------------------------------------------------------------------------------
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
     """tvm_ffi Map/Array (from Target.export()) -> dict/list, recursively."""
     if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
         return obj
     if isinstance(obj, Target):
-        return _plain(obj.export())
+        return plain(obj.export())
     if hasattr(obj, "items"):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain(v) for k, v in obj.items()}
     if hasattr(obj, "__iter__"):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     return obj
 
 
@@ -263,7 +263,7 @@ def _normalize(target: TargetLike) -> Tuple[Target, List[str]]:
     if tgt.kind.name != "llvm":
         return tgt, notes  # other kinds are the caller's business; never touched here
 
-    spec = _plain(tgt.export())
+    spec = plain(tgt.export())
     changed = False
     triple = spec.get("mtriple")
     cross = bool(triple) and _arch(str(triple)) != _arch(host_triple())
@@ -348,7 +348,7 @@ def _isa_from_table(mcpu: str, mattr: List[str], arch: str) -> str:
 def detect_isa(target: TargetLike) -> Tuple[str, Set[str]]:
     """(ISA family, LLVM features or empty set) of an llvm target."""
     tgt = normalize_target(target)
-    spec = _plain(tgt.export())
+    spec = plain(tgt.export())
     mcpu = str(spec.get("mcpu") or "generic")
     triple = str(spec.get("mtriple") or host_triple())
     feats = _llvm_features(tgt, mcpu, triple)
@@ -378,7 +378,7 @@ def _base_preset(isa: str) -> DeviceModel:
 # ---------------------------------------------------------------------------------------------
 def is_host_target(target: TargetLike) -> bool:
     """True when code for this llvm target is built for this machine's CPU (same mcpu & arch)."""
-    spec = _plain(normalize_target(target).export())
+    spec = plain(normalize_target(target).export())
     triple = str(spec.get("mtriple") or host_triple())
     return _arch(triple) == _arch(host_triple()) and spec.get("mcpu") == host_cpu()
 
@@ -394,7 +394,7 @@ def from_target(target: TargetLike, use_cache: bool = True, *,
     if kind != "llvm":
         raise UnsupportedError(f"from_target handles llvm (CPU) targets; no device model for "
                                f"kind {kind!r} yet")
-    spec = _plain(tgt.export())
+    spec = plain(tgt.export())
     mcpu = str(spec.get("mcpu") or "generic")
     isa, feats = detect_isa(tgt)
     base = _base_preset(isa)
