@@ -1,0 +1,235 @@
+"""The drop-in points: the dlight rule and the Relax pipeline (report, fallback, caches, fast math),
+checked against PyTorch / numpy float64 on random inputs."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from torch import nn
+from tvm import relax, te
+from tvm.s_tir import dlight as dl
+
+import tvm_roller
+import tvm_roller.dlight
+import tvm_roller.relax as rr
+from tvm_roller import FallbackWarning
+from conftest import TARGET, assert_close, device, rand, run
+
+
+# -- dlight rule ----------------------------------------------------------------------------------
+def _gemm(m, n, k, name):
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), "r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    return te.create_prim_func([A, B, C]).with_attr("global_symbol", name)
+
+
+def _gather(name):
+    A = te.placeholder((16,), name="A")
+    idx = te.placeholder((8,), "int32", name="idx")
+    G = te.compute((8,), lambda i: A[idx[i]], name="G")
+    return te.create_prim_func([A, idx, G]).with_attr("global_symbol", name)
+
+
+def test_dlight_rule_schedules_and_declines():
+    mod = tvm.IRModule({"gemm": _gemm(37, 53, 29, "gemm"), "gather": _gather("gather")})
+    rule = tvm_roller.dlight.Roller(device=device())
+    tgt = tvm.target.Target(TARGET)
+    with tgt:
+        out = dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback())(mod)
+    assert out["gemm"].attrs["tirx.is_scheduled"]
+    assert not (out["gather"].attrs.get("tirx.is_scheduled") or False)  # left for the next rule
+    assert "gather" in rule.declined["gather"]
+    lib = tvm.compile(out, tgt)
+    a, b = rand((37, 29), seed=1), rand((29, 53), seed=2)
+    dev = tvm.cpu()
+    c = tvm.runtime.empty((37, 53), "float32", dev)
+    lib["gemm"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    assert_close(c.numpy(), a.astype(np.float64) @ b, 2e-5)
+
+
+def test_dlight_rule_returns_none_for_gpu_targets_and_symbolic_shapes():
+    rule = tvm_roller.dlight.Roller()
+    n = te.var("n")
+    A = te.placeholder((n, 8), name="A")
+    B = te.compute((n, 8), lambda i, j: A[i, j] * 2.0, name="B")
+    sym = te.create_prim_func([A, B])
+    assert rule.apply(sym, tvm.target.Target(TARGET), False) is None
+    assert "symbolic" in rule.declined["main"]
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    assert rule.apply(_gemm(64, 64, 64, "g"), cuda, False) is None  # no CUDA backend yet
+
+
+# -- Relax pipeline -------------------------------------------------------------------------------
+def _import(model, x, keep_params=False):
+    from tvm.relax.frontend.torch import from_exported_program
+
+    ep = torch.export.export(model.eval(), (x,))
+    return from_exported_program(ep, keep_params_as_input=keep_params, unwrap_unit_return_tuple=True)
+
+
+def _run_vm(ex, *args):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    return out.numpy()
+
+
+class _ConvNet(nn.Module):
+    """NCHW convs (odd channels, stride 2), max and average pooling, batch > 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 7, 3, padding=1)
+        self.c2 = nn.Conv2d(7, 11, 3, stride=2, padding=1)
+        self.fc = nn.Linear(11, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = nn.functional.max_pool2d(y, 2)
+        y = torch.relu(self.c2(y))
+        y = nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        return self.fc(y)
+
+
+@pytest.mark.parametrize("params_as_inputs", [False, True])
+def test_pipeline_mlp_odd_sizes(params_as_inputs):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(37, 53), nn.GELU(), nn.Linear(53, 7))
+    x = torch.randn(3, 37)
+    mod = _import(model, x, params_as_inputs)
+    params = []
+    if params_as_inputs:
+        from tvm.relax.frontend import detach_params
+
+        mod, p = detach_params(mod)
+        params = [t.numpy() for t in p["main"]]
+    report = []
+    pipeline = rr.get_pipeline(TARGET, report, device(), cache=False)
+    ex = tvm.compile(mod, target=tvm.target.Target(TARGET), relax_pipeline=pipeline)
+    out = _run_vm(ex, x.numpy(), *params)
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    assert np.abs(out - ref).max() <= 1e-4
+    assert report and all(e["status"] == "roller" for e in report), report
+    tiled = [e for e in report if e["kind"] == "tiled"]
+    assert tiled and all(e["rtile"]["reg"] and e["predicted_s"] > 0 for e in tiled)
+
+
+def test_pipeline_convnet_batch_pooling():
+    torch.manual_seed(1)
+    model = _ConvNet()
+    x = torch.randn(2, 3, 17, 17)
+    report = []
+    ex = rr.compile(_import(model, x), TARGET, report, device=device(), cache=False)
+    out = _run_vm(ex, x.numpy())
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    assert np.abs(out - ref).max() <= 1e-4
+    by_name = {e["name"]: e for e in report}
+    assert all(e["status"] == "roller" for e in report), [e for e in report if e["status"] != "roller"]
+    assert any("conv2d" in n for n in by_name) and any("pool" in n for n in by_name)
+
+
+def test_pipeline_symbolic_shape_falls_back_reported():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU())
+    x = torch.randn(4, 16)
+    from tvm.relax.frontend.torch import from_exported_program
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model.eval(), (x,), dynamic_shapes={"input": {0: batch}})
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    report = []
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ex = tvm.compile(mod, target=tvm.target.Target(TARGET),
+                         relax_pipeline=rr.get_pipeline(TARGET, report, device(), cache=False))
+    assert any(issubclass(w.category, FallbackWarning) for w in rec)
+    fb = [e for e in report if e["status"] == "fallback"]
+    assert fb and all(e["reason"] for e in fb)
+    for n in (1, 5):
+        xn = torch.randn(n, 16)
+        with torch.no_grad():
+            ref = model(xn).double().numpy()
+        assert np.abs(_run_vm(ex, xn.numpy()) - ref).max() <= 1e-5
+
+
+# -- caches ---------------------------------------------------------------------------------------
+def test_module_cache_hit_then_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_ROLLER_CACHE", str(tmp_path))
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 9))
+    x = torch.randn(5, 24)
+    mod = _import(model, x)
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    r1, r2 = [], []
+    ex1 = rr.compile(mod, TARGET, r1, device=device())
+    ex2 = rr.compile(mod, TARGET, r2, device=device())
+    assert not any(e["cached"] for e in r1) and all(e["cached"] for e in r2)
+    for ex in (ex1, ex2):
+        assert np.abs(_run_vm(ex, x.numpy()) - ref).max() <= 1e-5
+
+    libs = list((tmp_path / "modules").glob("*.so"))
+    assert len(libs) == 1
+    libs[0].write_bytes(libs[0].read_bytes()[:1000])  # truncated library
+    from tvm_roller.schedule_cache import CacheWarning
+
+    with pytest.warns(CacheWarning, match="checksum"):
+        ex3 = rr.compile(mod, TARGET, [], device=device())
+    assert np.abs(_run_vm(ex3, x.numpy()) - ref).max() <= 1e-5
+    meta = list((tmp_path / "modules").glob("*.json"))[0]
+    meta.write_text("{not json")
+    with pytest.warns(CacheWarning):
+        ex4 = rr.compile(mod, TARGET, [], device=device())
+    assert np.abs(_run_vm(ex4, x.numpy()) - ref).max() <= 1e-5
+
+
+def _compile_in_child(cache_dir, seed):
+    import os
+
+    os.environ["TVM_ROLLER_CACHE"] = cache_dir
+    import numpy as np
+    import torch
+    from torch import nn
+
+    import tvm_roller.relax as rr
+    from tvm_roller import hardware
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 9))
+    x = torch.randn(5, 24)
+    ex = rr.compile(_import(model, x), TARGET, [], device=hardware.preset("x86-avx512"))
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    return float(np.abs(_run_vm(ex, x.numpy()) - ref).max())
+
+
+def test_two_concurrent_compiles_share_the_caches(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        errs = pool.starmap(_compile_in_child, [(str(tmp_path), 0), (str(tmp_path), 1)])
+    assert max(errs) <= 1e-5
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".*.so"))
+    # a third compile is served from the cache both wrote
+    assert _compile_in_child(str(tmp_path), 2) <= 1e-5
+
+
+# -- fast math ------------------------------------------------------------------------------------
+def test_rational_erf_accuracy():
+    from tvm_roller.fast_math import erf_expr
+
+    X = te.placeholder((4001,), "float32", name="X")
+    Y = te.compute((4001,), lambda i: erf_expr(X[i]), name="Y")
+    lib = tvm_roller.build(te.create_prim_func([X, Y]), TARGET, device=device())
+    x = np.linspace(-6, 6, 4001).astype("float32")
+    got = run(lib, [x], (4001,), "float32")
+    ref = np.array([math.erf(float(v)) for v in x])
+    assert np.abs(got - ref).max() < 1e-6
