@@ -22,10 +22,10 @@ def _default_thread_count() -> None:
 
 _default_thread_count()
 
-from . import hardware  # noqa: E402
+from . import dlight, hardware, relax  # noqa: E402  (both cost ~nothing once tvm is imported)
 from .api import build, explain, plan, schedule  # noqa: E402
 from .errors import FallbackWarning, UnsupportedError  # noqa: E402
 from .rtile import RTile  # noqa: E402
 
 __all__ = ["schedule", "build", "explain", "plan", "UnsupportedError", "FallbackWarning", "RTile",
-           "hardware", "__version__"]
+           "hardware", "dlight", "relax", "__version__"]
