@@ -64,10 +64,12 @@ class Access:
             return nz[0]
         return None
 
-    def unit_stride_innermost(self, axis: int) -> bool:
-        """``axis`` appears only in the last dimension, affinely with coefficient 1 (other axes may
-        appear there too, e.g. a window offset)."""
-        if not self.dims or self.dims[-1].coeffs is None or self.dims[-1].coeffs[axis] != 1:
+    def unit_stride_innermost(self, axis: int, max_stride: int = 1) -> bool:
+        """``axis`` appears only in the last dimension, affinely with a coefficient in
+        [1, max_stride] (other axes may appear there too, e.g. a window offset)."""
+        if not self.dims or self.dims[-1].coeffs is None:
+            return False
+        if not 1 <= self.dims[-1].coeffs[axis] <= max_stride:
             return False
         return all(d.coeffs is not None and d.coeffs[axis] == 0 for d in self.dims[:-1])
 

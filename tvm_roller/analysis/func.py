@@ -251,6 +251,11 @@ def _has_nested_block(blk) -> bool:
     return bool(found)
 
 
+# largest input stride (elements) along a vector axis: a stride-2 or -3 window still shares cache
+# lines between neighbouring lanes
+_MAX_VECTOR_STRIDE = 4
+
+
 def _find_vector_axis(fa: FuncAnalysis) -> Optional[int]:
     """The spatial axis that is innermost-contiguous in the output and in every input using it.
 
@@ -262,9 +267,15 @@ def _find_vector_axis(fa: FuncAnalysis) -> Optional[int]:
     cand = out.innermost_axis()
     if cand is None or fa.axes[cand].kind != "S":
         return None
-    for acc in fa.reads:
-        # every input using the axis must step by exactly one element along it: plain
-        # innermost (A[.., j]) or a sliding window (X[.., x + rx], NCHW convolutions)
-        if cand in acc.axes_used() and not acc.unit_stride_innermost(cand):
-            return None
-    return cand
+    users = [acc for acc in fa.reads if cand in acc.axes_used()]
+    # every input using the axis must step by exactly one element along it: plain
+    # innermost (A[.., j]) or a sliding window (X[.., x + rx], NCHW convolutions)
+    if all(acc.unit_stride_innermost(cand) for acc in users):
+        return cand
+    # A strided window (X[.., 2x + rx], a stride-2 NCHW convolution) costs a strided load per
+    # vector, still far better than no register tile at all when another input (the weights)
+    # makes the block compute-bound: allow it for blocks reading two or more tensors.
+    if len({acc.buffer for acc in fa.reads}) >= 2 and \
+            all(acc.unit_stride_innermost(cand, _MAX_VECTOR_STRIDE) for acc in users):
+        return cand
+    return None

@@ -84,6 +84,21 @@ def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
     return True
 
 
+def _is_padding(sch: s_tir.Schedule, name: str) -> bool:
+    """A prologue that selects between its input and a constant (zero padding, T.if_then_else)."""
+    blk = sch.get(sch.get_sblock(name))
+    found = []
+
+    def visit(node):
+        op = getattr(node, "op", None)
+        # the op is "prim.if_then_else" in TVM 0.27 ("tir.if_then_else" before)
+        if isinstance(node, tirx.Select) or str(getattr(op, "name", "")).endswith("if_then_else"):
+            found.append(node)
+
+    post_order_visit(blk.body, visit)
+    return bool(found)
+
+
 def _is_reduction(sch: s_tir.Schedule, block) -> bool:
     return any(iv.iter_type == 2 for iv in sch.get(block).iter_vars)  # IterVar.CommReduce
 
@@ -151,8 +166,11 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     sch = s_tir.Schedule(func)
     lanes = t.vector_lanes
     leftovers = []
+    padded = []
     for name in reversed(fa.producers):
-        if _layout_preserving(sch, name):
+        if _is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1:
+            padded.append(name)  # materialised per task below: no bounds test in the hot loop
+        elif _layout_preserving(sch, name):
             sch.compute_inline(sch.get_sblock(name))
         else:
             leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
@@ -210,6 +228,14 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
 
     for name in leftovers:
         _parallel_vectorize_block(sch, sch.get_sblock(name), lanes, t.num_tasks)
+    for name in padded:
+        # the task's padded input window, computed where the task starts (cache-resident)
+        pad = sch.get_sblock(name)
+        sch.compute_at(pad, task, preserve_unit_loops=True)
+        pad_loops = sch.get_loops(pad)
+        inner = pad_loops[-1]
+        if len(pad_loops) > 1 and (_extent(sch, inner) or 1) >= lanes:
+            _vectorize_inner(sch, inner, lanes)
 
     if r0:
         init = sch.decompose_reduction(main, r0[0])
