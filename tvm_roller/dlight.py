@@ -46,4 +46,9 @@ class Roller(s_tir.dlight.ScheduleRule):
 def _func_name(func) -> str:
     attrs = getattr(func, "attrs", None)
     sym = attrs.get("global_symbol") if attrs is not None else None
-    return str(sym) if sym is not None else "<anonymous>"
+    if sym is not None:
+        return str(sym)
+    # ApplyDefaultSchedule passes Relax's private PrimFuncs without a name: tell them apart
+    import tvm_ffi
+
+    return f"<anonymous {tvm_ffi.structural_hash(func) & 0xFFFFFFFF:08x}>"
