@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {
     "01_roller_one_operator.ipynb": ["max relative error vs float64 numpy", "register tile",
                                      "bound by", "mcpu was not given", "speed-up"],
+    "02_roller_records_in_metaschedule.ipynb": ["max relative error vs float64 numpy",
+                                                "speed-up over TVM default", "mixing refused",
+                                                "MLP max relative error",
+                                                "trials mutated from roller's records"],
     "03_pytorch_model_with_roller.ipynb": ["max abs error vs PyTorch", "PyTorch's speed",
                                            "functions from cache", "scheduled by the rule"],
 }
