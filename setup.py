@@ -12,7 +12,8 @@ README = HERE / "README.md"
 
 # torch is pinned to the CPU wheel family the project is tested with; matplotlib and the
 # notebook packages run the tutorials / benchmark plots.
-TEST_EXTRAS = ["pytest", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel"]
+TEST_EXTRAS = ["pytest", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel",
+              "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
 
 setup(
     name="tvm-roller",

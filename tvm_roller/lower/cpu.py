@@ -209,7 +209,8 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
 
     # accumulator tile, written back once with the epilogue folded in
     wb = sch.cache_write(main, 0, "local" if reg_acc else "global")
-    sch.reverse_compute_at(wb, s2[-1] if reg_acc else task)
+    # unit loops kept: the trace then replays under any re-tiling (MetaSchedule mutations)
+    sch.reverse_compute_at(wb, s2[-1] if reg_acc else task, preserve_unit_loops=True)
     for name in fa.consumers:
         sch.reverse_compute_inline(sch.get_sblock(name))
     wb_loops = sch.get_loops(wb)
