@@ -12,9 +12,27 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
+
+
+def bench_one(name: str, tvm_default: bool) -> dict:
+    import tvm_roller  # noqa: F401  (sets the thread pool size before torch / tvm start)
+    from tvm_roller.compile_model import compile_model
+    from tvm_roller.examples import models
+
+    factory = getattr(models, name)
+    cold = compile_model(factory(), models.INPUT_SHAPES[name], name=name, cache=True,
+                         tvm_default=tvm_default)
+    warm = compile_model(factory(), models.INPUT_SHAPES[name], name=name, cache=True,
+                         tvm_default=False)
+    print(f"{name}: cold {cold.compile_s:.2f} s, cached {warm.compile_s:.2f} s, "
+          f"err {cold.max_abs_err:.2e}, roller {cold.roller_ms:.3f} ms, "
+          f"torch {cold.torch_ms:.3f} ms", file=sys.stderr)
+    return {"model": name, "input": list(models.INPUT_SHAPES[name]),
+            "cold": cold.to_dict(), "cached": warm.to_dict()}
 
 
 def main() -> int:
@@ -22,26 +40,29 @@ def main() -> int:
     ap.add_argument("--models", default="mlp,bert_layer,resnet_cnn")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-tvm-default", action="store_true")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one model, JSON out
     args = ap.parse_args()
 
-    os.environ["TVM_ROLLER_CACHE"] = tempfile.mkdtemp(prefix="roller-bench-cache-")
-    import torch
+    if args.one:
+        row = bench_one(args.one, not args.no_tvm_default)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(row, fh)
+        return 0
 
-    from tvm_roller.compile_model import compile_model
-    from tvm_roller.examples import models
-
+    # each model in a fresh process with a fresh cache: one model's thread pools, allocator
+    # state and caches must not slow the next one down (measured: they did, by up to 1.6x)
     rows = []
     for name in args.models.split(","):
-        factory = getattr(models, name)
-        cold = compile_model(factory(), models.INPUT_SHAPES[name], name=name, cache=True,
-                             tvm_default=not args.no_tvm_default)
-        warm = compile_model(factory(), models.INPUT_SHAPES[name], name=name, cache=True,
-                             tvm_default=False)
-        rows.append({"model": name, "input": models.INPUT_SHAPES[name],
-                     "cold": cold.to_dict(), "cached": warm.to_dict()})
-        print(f"{name}: cold {cold.compile_s:.2f} s, cached {warm.compile_s:.2f} s, "
-              f"err {cold.max_abs_err:.2e}, roller {cold.roller_ms:.3f} ms, "
-              f"torch {cold.torch_ms:.3f} ms", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="roller-bench-") as tmp:
+            env = dict(os.environ, TVM_ROLLER_CACHE=os.path.join(tmp, "cache"))
+            out = os.path.join(tmp, "row.json")
+            cmd = [sys.executable, __file__, "--one", name, "--json", out]
+            if args.no_tvm_default:
+                cmd.append("--no-tvm-default")
+            subprocess.run(cmd, env=env, check=True)
+            with open(out, encoding="utf-8") as fh:
+                rows.append(json.load(fh))
+    import torch
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads)\n")
@@ -51,7 +72,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         c, w = r["cold"], r["cached"]
-        # the cached run re-times everything: report the median of both runs' latencies
+        # the cached run re-times everything: report the mean of both runs
         roller_ms = (c["roller_ms"] + w["roller_ms"]) / 2
         torch_ms = (c["torch_ms"] + w["torch_ms"]) / 2
         n_r = sum(e["status"] == "roller" for e in c["report"])
