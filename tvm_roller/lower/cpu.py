@@ -84,6 +84,19 @@ def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
     return True
 
 
+# A padded input is copied per task when each of its elements feeds at least this many
+# multiply-adds (a convolution over many channels); below that (depthwise: k*k) the copy costs
+# more than the bounds tests it removes (measured on DEP/C2D, see BENCHMARKS.md).
+_PAD_MATERIALISE_REUSE = 32
+
+
+def _elements(sch: s_tir.Schedule, name: str) -> int:
+    n = 1
+    for e in sch.get(sch.get_sblock(name)).writes[0].source.shape:
+        n *= int(e)
+    return n
+
+
 def _is_padding(sch: s_tir.Schedule, name: str) -> bool:
     """A prologue that selects between its input and a constant (zero padding, T.if_then_else)."""
     blk = sch.get(sch.get_sblock(name))
@@ -167,8 +180,12 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     lanes = t.vector_lanes
     leftovers = []
     padded = []
+    volume = 1
+    for a in fa.axes:
+        volume *= a.extent
     for name in reversed(fa.producers):
-        if _is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1:
+        if _is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1 and \
+                volume >= _PAD_MATERIALISE_REUSE * _elements(sch, name):
             padded.append(name)  # materialised per task below: no bounds test in the hot loop
         elif _layout_preserving(sch, name):
             sch.compute_inline(sch.get_sblock(name))
