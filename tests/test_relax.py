@@ -3,6 +3,7 @@ checked against PyTorch / numpy float64 on random inputs."""
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import numpy as np
@@ -177,7 +178,11 @@ def test_module_cache_hit_then_corruption(tmp_path, monkeypatch):
 
     libs = list((tmp_path / "modules").glob("*.so"))
     assert len(libs) == 1
-    libs[0].write_bytes(libs[0].read_bytes()[:1000])  # truncated library
+    # a truncated library. Written as a new file renamed over the old one: this process has the
+    # old one mapped (ex2), and truncating a mapped file in place would crash it with SIGBUS
+    bad = libs[0].with_name("truncated.tmp-lib")
+    bad.write_bytes(libs[0].read_bytes()[:1000])
+    os.replace(bad, libs[0])
     from tvm_roller.schedule_cache import CacheWarning
 
     with pytest.warns(CacheWarning, match="checksum"):

@@ -9,7 +9,9 @@ The metadata names the library file and its sha256; a library is only loaded aft
 so a truncated or foreign file (or metadata pointing at one) is a miss, warned about and removed,
 never a crash or a wrong kernel. Both files are written atomically; two writers of one key each
 write a complete library under its own content name, and the metadata (written last) points at
-one of them.
+one of them. A library file is never modified in place (only created and renamed), so a process
+that has it loaded is never pulled out from under (an in-place truncation of a mapped library
+kills its users with SIGBUS).
 """
 from __future__ import annotations
 
