@@ -64,6 +64,18 @@ def _bw(bytes_per_cycle: float, ghz: float, efficiency: float, cores: int = 1) -
     return round(bytes_per_cycle * ghz * efficiency * cores, 3)
 
 
+def _cpu(key: str, name: str, isa: str, cores: int, ghz: float, fma: int, simd: int,
+         vregs: int, levels: List[MemoryLevel], dtypes: List[str],
+         dram_gbs_single_core: float) -> DeviceModel:
+    """A CPU preset from its sourced figures (see each preset's comment)."""
+    return DeviceModel(
+        name=name, kind="cpu", num_units=cores, simd_bytes=simd, num_vector_registers=vregs,
+        levels=levels, peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, dtypes),
+        frequency_ghz=ghz, isa=isa, source=f"preset:{key}",
+        extra={"fma_units": float(fma), "dram_gbs_single_core": dram_gbs_single_core},
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # x86-avx2: AMD Ryzen 7 3700X (Zen 2), a typical 8-core desktop.
 #   AMD product page: 8 cores, base 3.6 GHz (boost 4.4), L2 4 MB total (512 KiB/core),
@@ -76,26 +88,16 @@ def _bw(bytes_per_cycle: float, ghz: float, efficiency: float, cores: int = 1) -
 # --------------------------------------------------------------------------------------------
 def _x86_avx2() -> DeviceModel:
     cores, ghz, fma, simd = 8, 3.6, 2, 32
-    return DeviceModel(
-        name="x86-avx2 (AMD Ryzen 7 3700X / Zen 2, 8 cores)",
-        kind="cpu",
-        num_units=cores,
-        simd_bytes=simd,
-        num_vector_registers=16,
-        levels=[
-            MemoryLevel("L1", 32 * KiB, 64, _bw(64, ghz, 0.9)),
-            MemoryLevel("L2", 512 * KiB, 64, _bw(32, ghz, 0.8)),
-            # sustained L3 is well below the 32 B/cycle/core fabric peak under all-core load
-            MemoryLevel("L3", 32 * MiB, 64, _bw(32, ghz, 0.5, cores), shared=True),
-            MemoryLevel("DRAM", 32 * GiB, 64, round(51.2 * 0.8, 3), shared=True),
-        ],
-        # AVX2 has no fp16 arithmetic (F16C converts only), so no float16 peak
-        peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, ["float32", "float64"]),
-        frequency_ghz=ghz,
-        isa="avx2",
-        source="preset:x86-avx2",
-        extra={"fma_units": float(fma), "dram_gbs_single_core": 20.0},
-    )
+    return _cpu("x86-avx2", "x86-avx2 (AMD Ryzen 7 3700X / Zen 2, 8 cores)", "avx2",
+                cores, ghz, fma, simd, 16, [
+                    MemoryLevel("L1", 32 * KiB, 64, _bw(64, ghz, 0.9)),
+                    MemoryLevel("L2", 512 * KiB, 64, _bw(32, ghz, 0.8)),
+                    # sustained L3 is well below the 32 B/cycle/core fabric peak under all-core load
+                    MemoryLevel("L3", 32 * MiB, 64, _bw(32, ghz, 0.5, cores), shared=True),
+                    MemoryLevel("DRAM", 32 * GiB, 64, round(51.2 * 0.8, 3), shared=True),
+                ],
+                # AVX2 has no fp16 arithmetic (F16C converts only), so no float16 peak
+                ["float32", "float64"], dram_gbs_single_core=20.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,25 +113,15 @@ def _x86_avx2() -> DeviceModel:
 # --------------------------------------------------------------------------------------------
 def _x86_avx512() -> DeviceModel:
     cores, ghz, fma, simd = 20, 2.5, 2, 64
-    return DeviceModel(
-        name="x86-avx512 (Intel Xeon Gold 6248 / Cascade Lake-SP, 20 cores)",
-        kind="cpu",
-        num_units=cores,
-        simd_bytes=simd,
-        num_vector_registers=32,
-        levels=[
-            MemoryLevel("L1", 32 * KiB, 64, _bw(128, ghz, 0.9)),
-            MemoryLevel("L2", 1 * MiB, 64, _bw(64, ghz, 0.6)),
-            MemoryLevel("L3", int(27.5 * MiB), 64, _bw(12, ghz, 1.0, cores), shared=True),
-            MemoryLevel("DRAM", 192 * GiB, 64, round(140.8 * 0.75, 3), shared=True),
-        ],
-        # Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids): no float16 peak
-        peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, ["float32", "float64"]),
-        frequency_ghz=ghz,
-        isa="avx512",
-        source="preset:x86-avx512",
-        extra={"fma_units": float(fma), "dram_gbs_single_core": 12.0},
-    )
+    return _cpu("x86-avx512", "x86-avx512 (Intel Xeon Gold 6248 / Cascade Lake-SP, 20 cores)",
+                "avx512", cores, ghz, fma, simd, 32, [
+                    MemoryLevel("L1", 32 * KiB, 64, _bw(128, ghz, 0.9)),
+                    MemoryLevel("L2", 1 * MiB, 64, _bw(64, ghz, 0.6)),
+                    MemoryLevel("L3", int(27.5 * MiB), 64, _bw(12, ghz, 1.0, cores), shared=True),
+                    MemoryLevel("DRAM", 192 * GiB, 64, round(140.8 * 0.75, 3), shared=True),
+                ],
+                # Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids)
+                ["float32", "float64"], dram_gbs_single_core=12.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,24 +136,14 @@ def _x86_avx512() -> DeviceModel:
 # --------------------------------------------------------------------------------------------
 def _arm_neon() -> DeviceModel:
     cores, ghz, fma, simd = 64, 2.5, 2, 16
-    return DeviceModel(
-        name="arm-neon (AWS Graviton2 / Neoverse N1, 64 cores)",
-        kind="cpu",
-        num_units=cores,
-        simd_bytes=simd,
-        num_vector_registers=32,
-        levels=[
-            MemoryLevel("L1", 64 * KiB, 64, _bw(32, ghz, 0.9)),
-            MemoryLevel("L2", 1 * MiB, 64, _bw(32, ghz, 0.7)),
-            MemoryLevel("L3", 32 * MiB, 64, _bw(6, ghz, 1.0, cores), shared=True),
-            MemoryLevel("DRAM", 256 * GiB, 64, round(204.8 * 0.75, 3), shared=True),
-        ],
-        peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, ["float32", "float64", "float16"]),
-        frequency_ghz=ghz,
-        isa="neon",
-        source="preset:arm-neon",
-        extra={"fma_units": float(fma), "dram_gbs_single_core": 18.0},
-    )
+    return _cpu("arm-neon", "arm-neon (AWS Graviton2 / Neoverse N1, 64 cores)", "neon",
+                cores, ghz, fma, simd, 32, [
+                    MemoryLevel("L1", 64 * KiB, 64, _bw(32, ghz, 0.9)),
+                    MemoryLevel("L2", 1 * MiB, 64, _bw(32, ghz, 0.7)),
+                    MemoryLevel("L3", 32 * MiB, 64, _bw(6, ghz, 1.0, cores), shared=True),
+                    MemoryLevel("DRAM", 256 * GiB, 64, round(204.8 * 0.75, 3), shared=True),
+                ],
+                ["float32", "float64", "float16"], dram_gbs_single_core=18.0)
 
 
 register_preset("x86-avx2", _x86_avx2)
