@@ -114,19 +114,21 @@ def test_conv2d_transpose_nhwc(args):  # T2D
 
 @pytest.mark.parametrize("args", [(1, 8, 8, 8, 8, 3, 2, 1), (1, 6, 6, 4, 8, 3, 1, 1)])
 def test_conv2d_capsule(args):  # CAP
-    n, h, w_, ci, co, k, s, p = args
+    build_and_check(W.conv2d_capsule_nhwijc(*args), _capsule_ref(*args))
 
-    def ref(x, w):
-        xp = np.pad(x, [(0, 0), (p, p), (p, p), (0, 0), (0, 0), (0, 0)])
-        oh, ow = (h + 2 * p - k) // s + 1, (w_ + 2 * p - k) // s + 1
+
+def _capsule_ref(n, h, w_, ci, co, k, s, pad):
+    """float64 capsule convolution reference (NHWIJC input, 4x4 capsules)."""
+    def cap(x, w):
+        xp = np.pad(x, [(0, 0), (pad, pad), (pad, pad), (0, 0), (0, 0), (0, 0)])
+        oh, ow = (h + 2 * pad - k) // s + 1, (w_ + 2 * pad - k) // s + 1
         y = np.zeros((n, oh, ow, 4, 4, co))
         for a in range(k):
             for b in range(k):
                 patch = xp[:, a:a + s * (oh - 1) + 1:s, b:b + s * (ow - 1) + 1:s]
                 y += np.einsum("nhwikc,kjco->nhwijo", patch, w[a, b])
         return y
-
-    build_and_check(W.conv2d_capsule_nhwijc(*args), ref)
+    return cap
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -351,18 +353,7 @@ def _suite_ref(cls, p):
     if cls == "T2D":
         return lambda x, w: conv2d_transpose_nhwc(x, w, p[6], p[7])
     if cls == "CAP":
-        n, h, w_, ci, co, k, s, pad = p
-
-        def cap(x, w):
-            xp = np.pad(x, [(0, 0), (pad, pad), (pad, pad), (0, 0), (0, 0), (0, 0)])
-            oh, ow = (h + 2 * pad - k) // s + 1, (w_ + 2 * pad - k) // s + 1
-            y = np.zeros((n, oh, ow, 4, 4, co))
-            for a in range(k):
-                for b in range(k):
-                    patch = xp[:, a:a + s * (oh - 1) + 1:s, b:b + s * (ow - 1) + 1:s]
-                    y += np.einsum("nhwikc,kjco->nhwijo", patch, w[a, b])
-            return y
-        return cap
+        return _capsule_ref(*p)
     if cls == "NRM":
         return lambda a: np.sqrt((a * a).sum(axis=(1, 2)))
     if cls == "SFM":
