@@ -22,6 +22,8 @@ NOTEBOOKS = {
                                                 "trials mutated from roller's records"],
     "03_pytorch_model_with_roller.ipynb": ["max abs error vs PyTorch", "PyTorch's speed",
                                            "functions from cache", "scheduled by the rule"],
+    "04_cost_check.ipynb": ["spearman model", "top-1 regret", "median_spearman_model",
+                            "plots written to"],
 }
 
 

@@ -78,11 +78,45 @@ def _cmd_compile_model(args: argparse.Namespace) -> int:
     return 0 if result.max_abs_err <= args.tol else 1
 
 
+def _cmd_costcheck(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from tvm_roller.costcheck.dataset import load_dataset, measure_workloads, save_dataset
+    from tvm_roller.costcheck.report import build_report, plot
+    from tvm_roller.suite import workloads
+
+    os.makedirs(args.out, exist_ok=True)
+    if args.dataset:
+        cands, meta = load_dataset(args.dataset)
+    else:
+        workloads.list_workloads(args.ops)  # validate before measuring
+        cands, meta = measure_workloads(args.ops, _target(args.target), n_top=args.n_top,
+                                        n_random=args.n_random, repeat=args.repeat,
+                                        seed=args.seed)
+        save_dataset(os.path.join(args.out, "dataset.json"), cands, meta)
+    report = build_report(cands, meta)
+    with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    plot(cands, report, args.out)
+    print(f"{'op':<8} {'n':>3} {'spearman':>9} {'kendall':>8} {'xgb sp':>7} {'xgb kt':>7} "
+          f"{'regret':>7}")
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    for r in report["workloads"]:
+        print(f"{r['op']:<8} {r['n_candidates']:>3} {fmt(r['spearman_model']):>9} "
+              f"{fmt(r['kendall_model']):>8} {fmt(r['spearman_xgb']):>7} "
+              f"{fmt(r['kendall_xgb']):>7} {r['top1_regret']:>7.3f}")
+    print("summary: " + json.dumps(report["summary"]))
+    print(f"wrote {args.out}/report.json, dataset.json, predicted_vs_measured.png, regret.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tvm-roller",
         description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
-    sub = ap.add_subparsers(dest="cmd", metavar="{suite,calibrate,explain,compile-model}")
+    sub = ap.add_subparsers(dest="cmd",
+                            metavar="{suite,calibrate,explain,compile-model,costcheck}")
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
@@ -126,6 +160,27 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tol", type=float, default=1e-3, help="max abs error allowed (default 1e-3)")
     m.add_argument("--json", metavar="OUT", default=None, help="write the result as JSON")
     m.set_defaults(fn=_cmd_compile_model)
+
+    k = sub.add_parser("costcheck", help="check the micro-model's ranking against measurements",
+                       description="Measure roller's top-k and random valid rTiles of suite "
+                                   "workloads, compare the analytical model's and a by-workload "
+                                   "cross-validated XGBoost model's predictions with the measured "
+                                   "latencies, and write OUT/report.json (per workload: op, "
+                                   "n_candidates, spearman/kendall of model and XGBoost, "
+                                   "top1_regret; summary: median_spearman_model, "
+                                   "median_spearman_xgb, top1_within10_frac), OUT/dataset.json "
+                                   "and the plots.")
+    k.add_argument("--ops", default=None, help="CLASS or CLASS:INDEX list, e.g. GMM:0,C2D:2")
+    k.add_argument("--out", required=True, help="output directory")
+    k.add_argument("--target", default=None, help=_TARGET_HELP)
+    k.add_argument("--n-top", type=int, default=10, help="roller's top-k measured (default 10)")
+    k.add_argument("--n-random", type=int, default=20,
+                   help="random valid rTiles measured per workload (default 20)")
+    k.add_argument("--repeat", type=int, default=5, help="timing repeats (median)")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--dataset", default=None,
+                   help="re-analyse an existing dataset.json instead of measuring")
+    k.set_defaults(fn=_cmd_costcheck)
     return ap
 
 

@@ -1,0 +1,73 @@
+"""Re-rank a cost-check dataset with other ways of combining the micro-model's terms.
+
+The model predicts max(terms) (compute, L1, L2, outer-level traffic, ...). This script asks, on the
+measured candidates of ``tvm-roller costcheck`` (no new measurements), how other combinations would
+have ranked them: median Spearman and the share of workloads whose top-1 is within 10% of the best,
+over all workloads and separately per shape index (fit on one, check on the other).
+
+    python python/costcheck_combinations.py docs/costcheck/dataset.json
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+
+import numpy as np
+from scipy import stats
+
+from tvm_roller.costcheck.dataset import load_dataset
+
+
+def _term(c, name: str) -> float:
+    t = c.tile["terms"]
+    if name == "outer":  # the shared level the model charged (L3 or DRAM)
+        return max([v for k, v in t.items() if k in ("L3", "DRAM")] or [0.0])
+    return t.get(name, 0.0)
+
+
+COMBINATIONS = {
+    "max (the model)": lambda c: c.predicted_s,
+    "sum of terms": lambda c: sum(v for k, v in c.tile["terms"].items() if k != "DRAM-once"),
+    "max(compute, L1) + L2 + outer": lambda c: max(_term(c, "compute"), _term(c, "L1")) +
+    _term(c, "L2") + _term(c, "outer"),
+    "max + L2": lambda c: c.predicted_s + _term(c, "L2"),
+    "L2 alone": lambda c: _term(c, "L2"),
+}
+
+
+def evaluate(by_wl, fn, shape=None):
+    sps, within = [], []
+    for wl, cs in by_wl.items():
+        if len(cs) < 3 or (shape is not None and not wl.endswith(f":{shape}")):
+            continue
+        pred = [fn(c) for c in cs]
+        meas = [c.measured_s for c in cs]
+        if len(set(pred)) > 1:
+            sps.append(stats.spearmanr(pred, meas)[0])
+        within.append(meas[int(np.argmin(pred))] / min(meas) <= 1.1)
+    return float(np.median(sps)), float(np.mean(within)), len(within)
+
+
+def main() -> int:
+    cands, meta = load_dataset(sys.argv[1] if len(sys.argv) > 1 else "docs/costcheck/dataset.json")
+    by_wl = defaultdict(list)
+    for c in cands:
+        by_wl[c.workload].append(c)
+    shapes = sorted({wl.split(":")[1] for wl in by_wl})
+    print(f"dataset: {len(cands)} candidates, {len(by_wl)} workloads, {meta.get('date')}")
+    head = "| combination | all: median Spearman | all: top-1 within 10% |" + "".join(
+        f" shape {s}: Spearman / within 10% |" for s in shapes)
+    print(head)
+    print("|---" * (3 + len(shapes)) + "|")
+    for name, fn in COMBINATIONS.items():
+        sp, w, n = evaluate(by_wl, fn)
+        row = f"| {name} | {sp:.2f} | {w:.2f} ({n}) |"
+        for s in shapes:
+            sp_s, w_s, _ = evaluate(by_wl, fn, s)
+            row += f" {sp_s:.2f} / {w_s:.2f} |"
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
