@@ -26,8 +26,11 @@ def _term(c, name: str) -> float:
 
 
 COMBINATIONS = {
-    "max (the model)": lambda c: c.predicted_s,
+    "max (the model)": lambda c: max(c.tile["terms"].values()),
     "sum of terms": lambda c: sum(v for k, v in c.tile["terms"].items() if k != "DRAM-once"),
+    "max(sum, DRAM-once) (tried, reverted)": lambda c: max(
+        sum(v for k, v in c.tile["terms"].items() if k != "DRAM-once"),
+        c.tile["terms"].get("DRAM-once", 0.0)),
     "max(compute, L1) + L2 + outer": lambda c: max(_term(c, "compute"), _term(c, "L1")) +
     _term(c, "L2") + _term(c, "outer"),
     "max + L2": lambda c: c.predicted_s + _term(c, "L2"),
