@@ -31,6 +31,7 @@ setup(
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
         "xgboost",
+        "scipy",        # the cost check's rank correlations
         "psutil",       # MetaSchedule's defaults need it
         "cloudpickle",  # ditto
         "tqdm",
