@@ -354,7 +354,7 @@ def _writer(directory: str, target: dict, worker: int, rounds: int, code_digest:
     warnings.simplefilter("error", CacheWarning)  # any damaged file seen is a failure
     # the parent's digest of roller's source: an edit in a shared checkout while the test runs
     # must not put the writers and the parent on different keys
-    sc._code_digest = code_digest
+    sc.roller_code_digest = lambda parts=sc._TILE_CODE: code_digest
     from tvm_roller.hardware import preset
 
     dev = preset("x86-avx512")
@@ -382,7 +382,7 @@ def test_concurrent_writers_leave_complete_files(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), h.TARGET, w, rounds,
-                                               sc._roller_code_digest(), start, results))
+                                               sc.roller_code_digest(), start, results))
              for w in (1, 2)]
     t0 = time.perf_counter()
     for pr in procs:

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import tvm
@@ -33,6 +34,8 @@ from tvm.s_tir import meta_schedule as ms
 from . import api
 from .errors import UnsupportedError
 from .hardware import DeviceModel
+from .hardware.cache import atomic_write
+from .relax import fusion_passes, is_scheduled
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +74,6 @@ def _is_relax(mod: tvm.IRModule) -> bool:
 
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The Relax module after roller's fusion passes: its PrimFuncs are the tasks."""
-    from .relax import fusion_passes
-
     with target:  # LegalizeOps picks target-specific legalizations
         return fusion_passes()(mod)
 
@@ -98,7 +99,7 @@ def extract_tasks(mod: Union[ModLike, "relax.Function"],
                                f"{type(mod).__name__}")
     tasks: List[Task] = []
     for name, func in items:
-        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+        if is_scheduled(func):
             continue
         wl = _normalize(func)
         same = [t for t in tasks if tvm_ffi.structural_equal(t.workload, wl)]
@@ -232,11 +233,7 @@ def read_manifest(work_dir: Union[str, os.PathLike]) -> Optional[Dict[str, Any]]
 
 
 def _write_manifest(work_dir: str, data: Dict[str, Any]) -> None:
-    path = os.path.join(work_dir, MANIFEST)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1)
-    os.replace(tmp, path)
+    atomic_write(Path(work_dir) / MANIFEST, json.dumps(data, indent=1).encode("utf-8"))
 
 
 def _count_lines(path: str) -> int:

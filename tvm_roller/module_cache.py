@@ -29,8 +29,7 @@ import tvm_ffi
 
 from .hardware import DeviceModel
 from .hardware.cache import atomic_write, cache_dir
-from .schedule_cache import (CacheWarning, _canonical, _device_material, _roller_code_digest,
-                             _sha256, _target_material)
+from .schedule_cache import CacheWarning, context_material, material_digest
 
 logger = logging.getLogger("tvm_roller")
 
@@ -46,16 +45,10 @@ class ModuleCache:
 
     def key(self, mod: tvm.IRModule, tgt: tvm.target.Target, dev: DeviceModel,
             options: dict) -> str:
-        import tvm_roller
-
-        material = {
-            "module": f"{tvm_ffi.structural_hash(mod):016x}",
-            "target": _target_material(tgt),
-            "device": _device_material(dev),
-            "roller": [tvm_roller.__version__, _roller_code_digest(), tvm.__version__],
-            "options": options,
-        }
-        return _sha256(_canonical(material))
+        # all of roller's code, not only the tile-deciding part: the pipeline (relax.py,
+        # fast_math.py) decides what the library holds too
+        return material_digest({"module": f"{tvm_ffi.structural_hash(mod):016x}",
+                                **context_material(tgt, dev, code=(".",)), "options": options})
 
     def load(self, mod, tgt, dev, options: dict) -> Optional[Tuple[tvm.runtime.Module, List[dict]]]:
         """(library, report entries) on a hit, None on a miss."""

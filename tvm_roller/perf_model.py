@@ -5,6 +5,7 @@ the prediction is the largest term of the busiest core, and the rTile records wh
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Sequence
 
 from .analysis import FuncAnalysis
@@ -14,13 +15,6 @@ from .rtile import RTile, ceil_div
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
 _LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
-
-
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
 
 
 def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
@@ -33,7 +27,7 @@ def output_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
 
 def num_tiles(fa: FuncAnalysis, tile: Sequence[int], axes: Sequence[int] = None) -> int:
     axes = range(len(fa.axes)) if axes is None else axes
-    return _prod(ceil_div(fa.axes[i].extent, tile[i]) for i in axes)
+    return math.prod(ceil_div(fa.axes[i].extent, tile[i]) for i in axes)
 
 
 def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
@@ -49,8 +43,8 @@ def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
 def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     v = fa.vector_axis
     if v is None:
-        return _prod(reg)
-    return _prod(r for i, r in enumerate(reg) if i != v) * ceil_div(reg[v], lanes)
+        return math.prod(reg)
+    return math.prod(r for i, r in enumerate(reg) if i != v) * ceil_div(reg[v], lanes)
 
 
 def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
@@ -65,7 +59,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     busy = min(tasks, cores)
 
     # compute: FMAs of the padded iteration space at the micro-kernel's efficiency
-    padded = _prod(ceil_div(a.extent, reg[i]) * reg[i] if a.kind == "S" else a.extent
+    padded = math.prod(ceil_div(a.extent, reg[i]) * reg[i] if a.kind == "S" else a.extent
                    for i, a in enumerate(fa.axes))
     n_acc = accumulator_registers(fa, reg, lanes)
     loads = register_loads(fa, reg, lanes)
@@ -85,7 +79,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     compute = 2.0 * padded / (peak_core * eff) / busy * (waves * busy / tasks if tasks else 1.0)
 
     # traffic per level, per core (private caches) or in total (shared levels)
-    steps_reg = num_tiles(fa, reg, S) * _prod(a.extent for a in fa.axes if a.kind == "R")
+    steps_reg = num_tiles(fa, reg, S) * math.prod(a.extent for a in fa.axes if a.kind == "R")
     bytes_l1 = steps_reg * loads * lanes * elem if v is not None else steps_reg * loads * elem
     n1 = num_tiles(fa, l1)
     bytes_l2 = n1 * (input_bytes(fa, l1) + 2 * output_bytes(fa, l1))

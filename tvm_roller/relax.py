@@ -78,7 +78,7 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
     @tvm.transform.module_pass(opt_level=0, name="RollerSchedule")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         todo = [(gv, f) for gv, f in mod.functions_items()
-                if isinstance(f, tirx.PrimFunc) and not _is_scheduled(f)]
+                if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
         entries: List[FuncReport] = []
         bar = _progress(todo, progress)
         for gv, func in bar:
@@ -180,7 +180,8 @@ def _default_stages(tgt: tvm.target.Target):
     return importlib.import_module(f"tvm.relax.backend.{backends[kind]}.pipeline")
 
 
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Marked done by a schedule rule or pass (``tirx.is_scheduled``): left alone."""
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 

@@ -35,6 +35,7 @@ a cached tile raises.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -97,28 +98,45 @@ def _sha256(text: str) -> str:
 # device normalisation need not be here: their results are in the key themselves.)
 _TILE_CODE = ("api.py", "rtile.py", "policy.py", "perf_model.py", "hardware/model.py", "analysis",
               "lower")
-_code_digest: Optional[str] = None
 
 
-def _roller_code_digest() -> str:
-    """sha256 over the source of the tile-deciding modules, once per process (~1 ms): an editable
-    install keeps ``__version__`` while its policy or lowering changes, and must not keep
-    serving the old tiles."""
-    global _code_digest
-    if _code_digest is None:
-        root = Path(__file__).resolve().parent
-        files = []
-        for rel in _TILE_CODE:
-            p = root / rel
-            files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-        h = hashlib.sha256()
-        for path in files:
-            h.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
-            if path.is_file():  # absent in this install: its name alone enters the digest
-                h.update(path.read_bytes())
-            h.update(b"\0")
-        _code_digest = h.hexdigest()
-    return _code_digest
+@functools.lru_cache(maxsize=None)
+def roller_code_digest(parts: Tuple[str, ...] = _TILE_CODE) -> str:
+    """sha256 over the source of ``parts`` of the package (files or directories; "." is all of
+    it), once per process (~1 ms): an editable install keeps ``__version__`` while its policy or
+    lowering changes, and must not keep serving the old tiles."""
+    root = Path(__file__).resolve().parent
+    files = []
+    for rel in parts:
+        p = root / rel
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
+        if path.is_file():  # absent in this install: its name alone enters the digest
+            h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def context_material(tgt: tvm.target.Target, device: DeviceModel,
+                     code: Tuple[str, ...] = _TILE_CODE) -> Dict[str, Any]:
+    """Everything besides the function itself that decides what roller builds: the normalised
+    target, the device constants, roller's version and code (``code``: which parts), and TVM's
+    version. Shared by this cache and the compiled-module cache."""
+    import tvm_roller  # the attribute, read now (tests monkeypatch it)
+
+    return {
+        "target": _target_material(tgt),
+        "device": _device_material(device),
+        "roller": {"version": tvm_roller.__version__, "code": roller_code_digest(code)},
+        "tvm": {"tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__},
+    }
+
+
+def material_digest(material: Dict[str, Any]) -> str:
+    """The hex sha256 of key material (canonical JSON)."""
+    return _sha256(_canonical(material))
 
 
 def func_fingerprint(func) -> Dict[str, Any]:
@@ -215,19 +233,11 @@ class ScheduleCache:
 
     # -- keys -----------------------------------------------------------------------------------
     def _key(self, func, target: TargetLike, device: Optional[DeviceModel]) -> _Key:
-        import tvm_roller  # the attribute, read now (tests monkeypatch it)
-
         tgt, dev, _ = resolve_target(target, device)
-        material = {
-            "format": _FORMAT,
-            "func": func_fingerprint(func),
-            "target": _target_material(tgt),
-            "device": _device_material(dev),
-            "roller": {"version": tvm_roller.__version__, "code": _roller_code_digest()},
-            "tvm": {"tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__},
-        }
+        material = {"format": _FORMAT, "func": func_fingerprint(func),
+                    **context_material(tgt, dev)}
         material = json.loads(_canonical(material))  # exactly what a file round-trip gives back
-        return _Key(_sha256(_canonical(material)), material)
+        return _Key(material_digest(material), material)
 
     def key(self, func, target: TargetLike, device: Optional[DeviceModel]) -> str:
         """The hex sha256 naming ``func``'s entry for this target and device."""

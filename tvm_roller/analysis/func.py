@@ -6,6 +6,7 @@ which TVM's region analysis filled in) instead of per-operator formulas.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -183,7 +184,7 @@ def analyze(func) -> FuncAnalysis:
     reductions = [b for b in infos if b.is_reduction]
     dtype = str(func.params[-1].dtype)
     if reductions:
-        main_info = max(reductions, key=lambda b: _prod(a.extent for a in b.axes))
+        main_info = max(reductions, key=lambda b: math.prod(a.extent for a in b.axes))
     else:
         main_info = infos[-1]  # the output stage
     blk = stmts[main_info.name]
@@ -191,7 +192,7 @@ def analyze(func) -> FuncAnalysis:
     reads = [build_access(r, var_order, "read") for r in blk.reads
              if not _is_self_read(r, blk)]
     writes = [build_access(w, var_order, "write") for w in blk.writes]
-    volume = _prod(a.extent for a in main_info.axes)
+    volume = math.prod(a.extent for a in main_info.axes)
     fa = FuncAnalysis(func=func, blocks=infos, main=main_info.name, axes=main_info.axes,
                       reads=reads, writes=writes, dtype=dtype, flops=2.0 * volume)
     idx = [b.name for b in infos].index(main_info.name)
@@ -226,13 +227,6 @@ def unwrap_func(func) -> tirx.PrimFunc:
     if not isinstance(func, tirx.PrimFunc):
         raise UnsupportedError(f"expected a PrimFunc or IRModule, got {type(func).__name__}")
     return func
-
-
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
 
 
 def _is_self_read(region, blk) -> bool:

@@ -79,7 +79,7 @@ def measure_workloads(ops: Optional[Sequence[str]], target=None, n_top: int = 10
     import tvm
 
     from ..api import apply, plan, resolve_target
-    from ..costcheck.sample import random_tiles
+    from .sample import random_tiles
     from ..suite import workloads
 
     tgt, dev, _ = resolve_target(target if target is not None else "llvm", device)

@@ -12,6 +12,7 @@ elementwise) are parallelized over rows and vectorized, reductions through ``rfa
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 import tvm
@@ -91,24 +92,20 @@ _PAD_MATERIALISE_REUSE = 32
 
 
 def _elements(sch: s_tir.Schedule, name: str) -> int:
-    n = 1
-    for e in sch.get(sch.get_sblock(name)).writes[0].source.shape:
-        n *= int(e)
-    return n
+    return math.prod(int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape)
 
 
 def _is_padding(sch: s_tir.Schedule, name: str) -> bool:
     """A prologue that selects between its input and a constant (zero padding, T.if_then_else)."""
-    blk = sch.get(sch.get_sblock(name))
     found = []
 
     def visit(node):
-        op = getattr(node, "op", None)
         # the op is "prim.if_then_else" in TVM 0.27 ("tir.if_then_else" before)
-        if isinstance(node, tirx.Select) or str(getattr(op, "name", "")).endswith("if_then_else"):
+        name = str(getattr(getattr(node, "op", None), "name", ""))
+        if isinstance(node, tirx.Select) or name.endswith("if_then_else"):
             found.append(node)
 
-    post_order_visit(blk.body, visit)
+    post_order_visit(sch.get(sch.get_sblock(name)).body, visit)
     return bool(found)
 
 
@@ -163,9 +160,7 @@ def _perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> 
     plain split whose outer loop rounds up (a predicate guards the tail)."""
     if any(f < 1 for f in inner):
         raise UnsupportedError(f"invalid tile factors {inner} for a loop of extent {extent}")
-    prod = 1
-    for f in inner:
-        prod *= f
+    prod = math.prod(inner)
     if extent % prod:
         return sch.split(loop, [None, *inner])
     factors = [extent // prod, *inner]
@@ -180,9 +175,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     lanes = t.vector_lanes
     leftovers = []
     padded = []
-    volume = 1
-    for a in fa.axes:
-        volume *= a.extent
+    volume = math.prod(a.extent for a in fa.axes)
     for name in reversed(fa.producers):
         if _is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1 and \
                 volume >= _PAD_MATERIALISE_REUSE * _elements(sch, name):
@@ -378,15 +371,9 @@ def _transposed_pair(sch: s_tir.Schedule, blk_rv, lanes: int) -> Optional[tuple]
         if abs(row[last]) > 1:
             for k in range(last - 1, -1, -1):
                 if abs(row[k]) == 1 and exts[k] >= lanes:
-                    return k, last, abs(row[last]), _out_stride(exts, k)
+                    # (k, last, input stride along last, output stride along k)
+                    return k, last, abs(row[last]), math.prod(exts[k + 1:])
     return None
-
-
-def _out_stride(exts: List[int], k: int) -> int:
-    n = 1
-    for e in exts[k + 1:]:
-        n *= e
-    return n
 
 
 def _block_2d(sch: s_tir.Schedule, blk_rv, pair: tuple, lanes: int, cores: int) -> None:
