@@ -189,8 +189,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     try:
         return int(args.fn(args))
-    except ValueError as e:
-        # Bad --ops / --target / unsupported workload: one clear line instead of a traceback.
+    except (ValueError, OSError) as e:
+        # Bad --ops / --target / unsupported workload, a missing or unwritable file: one clear
+        # line instead of a traceback.
         print(f"tvm-roller {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

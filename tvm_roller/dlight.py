@@ -6,21 +6,19 @@
 
 The rule schedules every function roller handles and returns None for the rest (never raises on
 them), so the next rule in the list takes them; why each one was declined is kept in
-``rule.declined`` and logged.
+``rule.declined`` and given as a FallbackWarning.
 """
 from __future__ import annotations
 
-import logging
+import warnings
 from typing import Dict, Optional
 
 from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .api import apply, plan
-from .errors import UnsupportedError
+from .errors import FallbackWarning, UnsupportedError
 from .hardware import DeviceModel
-
-logger = logging.getLogger("tvm_roller")
 
 
 class Roller(s_tir.dlight.ScheduleRule):
@@ -38,8 +36,10 @@ class Roller(s_tir.dlight.ScheduleRule):
             p = plan(func, target, 1, self.device)
             return apply(p, p.tiles[0])
         except UnsupportedError as err:
+            # reported, not silent: the next rule (or TVM's default) builds this function
             self.declined[name] = str(err)
-            logger.info("tvm_roller.dlight.Roller declined %s: %s", name, err)
+            warnings.warn(f"tvm_roller.dlight.Roller declined {name}, left to the next rule: {err}",
+                          FallbackWarning, stacklevel=2)
             return None
 
 
