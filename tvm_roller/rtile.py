@@ -36,6 +36,14 @@ class RTile:
     bound: str = ""  # the term that bounds the prediction: compute / L1 / L2 / DRAM / ...
     terms: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)  # alignment and policy decisions, for explain
+    # CUDA backend (``backend == "cuda"``): ``reg`` is a thread's register tile (a warp's tile
+    # with tensor cores), ``l1`` a thread block's shared-memory tile, ``l2`` equals ``l1`` and
+    # ``num_tasks`` counts thread blocks.
+    backend: str = "cpu"
+    threads: int = 0  # threads per block
+    stages: int = 1  # shared-memory pipeline depth (2: double buffering)
+    tensor_core: str = ""  # "" or the fragment shape used, e.g. "wmma_16x16x16_f16f32"
+    smem_bytes: int = 0  # shared memory per block, all stages
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,8 +21,11 @@ from .visit import post_order_visit
 
 # Compute-bound (tiled, FMA) kernels need a float type; memory-bound kernels only move and compare
 # values, so masks and indices (bool / integer tensors, as Relax's attention masks) are fine there.
+# The CUDA backend adds float16 (tensor cores for compute-bound kernels).
 SUPPORTED_DTYPES = ("float32", "float64")
-STREAMING_DTYPES = SUPPORTED_DTYPES + ("bool", "int8", "uint8", "int16", "int32", "int64")
+_INT_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64")
+TILED_DTYPES = {"cpu": SUPPORTED_DTYPES, "cuda": ("float16",) + SUPPORTED_DTYPES}
+STREAMING_DTYPES = {b: d + _INT_DTYPES for b, d in TILED_DTYPES.items()}
 _SPATIAL, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
@@ -121,9 +124,13 @@ def _buffer_name(node) -> str:
     return str(getattr(buf, "name", buf))
 
 
-def analyze(func) -> FuncAnalysis:
-    """Analyse ``func`` (a PrimFunc or an IRModule holding one); raise UnsupportedError if unfit."""
+def analyze(func, backend: str = "cpu") -> FuncAnalysis:
+    """Analyse ``func`` (a PrimFunc or an IRModule holding one) for a backend ("cpu" or
+    "cuda", which differ in the dtypes they take); raise UnsupportedError if unfit."""
     func = unwrap_func(func)
+    if backend not in TILED_DTYPES:
+        raise UnsupportedError(f"unknown backend {backend!r} (known: {', '.join(TILED_DTYPES)})")
+    tiled_dtypes = TILED_DTYPES[backend]
     # In TVM 0.27 every parameter is a tirx.Var (tirx.Buffer is Var): buffers are the Vars whose
     # type is a BufferType, scalars have a PrimType (and no usable .shape).
     buffers = [p for p in func.params if _is_buffer(p)]
@@ -144,10 +151,10 @@ def analyze(func) -> FuncAnalysis:
         if not _is_buffer(p):
             raise UnsupportedError(f"parameter {p} is not a buffer (scalar parameters unsupported)")
     for buf in buffers:
-        if str(buf.dtype) not in STREAMING_DTYPES:
+        if str(buf.dtype) not in STREAMING_DTYPES[backend]:
             raise UnsupportedError(
-                f"dtype {buf.dtype} of {buf.name} is not handled by the CPU backend "
-                f"(supported: {', '.join(SUPPORTED_DTYPES)}; integer and bool tensors in "
+                f"dtype {buf.dtype} of {buf.name} is not handled by the {backend} backend "
+                f"(supported: {', '.join(tiled_dtypes)}; integer and bool tensors in "
                 "memory-bound kernels)")
 
     sch = s_tir.Schedule(func)
@@ -206,10 +213,10 @@ def analyze(func) -> FuncAnalysis:
     else:
         fa.kind = "reduction"
     if fa.kind == "tiled":
-        bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in SUPPORTED_DTYPES]
+        bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in tiled_dtypes]
         if bad:
             raise UnsupportedError(
-                f"a compute-bound (tiled) kernel needs {' or '.join(SUPPORTED_DTYPES)} tensors; "
+                f"a compute-bound (tiled) kernel needs {' or '.join(tiled_dtypes)} tensors; "
                 f"got dtype {', '.join(bad)}")
     return fa
 
