@@ -29,11 +29,23 @@ class Plan:
     construct_s: float = 0.0
 
 
+_BACKENDS = {"llvm": "cpu", "cuda": "cuda"}
+# TVM's lowering turns the pipelines roller annotates into cp.async copies only when asked
+CUDA_PASS_CONFIG = {"tirx.use_async_copy": True}
+
+
 def _backend(target: tvm.target.Target) -> str:
     kind = target.kind.name
-    if kind == "llvm":
-        return "cpu"
-    raise UnsupportedError(f"target kind {kind!r} has no roller backend (supported: llvm)")
+    if kind not in _BACKENDS:
+        raise UnsupportedError(f"target kind {kind!r} has no roller backend "
+                               f"(supported: {', '.join(_BACKENDS)})")
+    return _BACKENDS[kind]
+
+
+def pass_context(target: tvm.target.Target) -> tvm.transform.PassContext:
+    """The PassContext a roller schedule for ``target`` is compiled under."""
+    cfg = CUDA_PASS_CONFIG if _backend(target) == "cuda" else {}
+    return tvm.transform.PassContext(opt_level=3, config=cfg)
 
 
 def resolve_target(target: TargetLike, device: Optional[DeviceModel] = None):
@@ -41,27 +53,38 @@ def resolve_target(target: TargetLike, device: Optional[DeviceModel] = None):
     from . import hardware
 
     tgt = hardware.normalize_target(target)
-    _backend(tgt)
+    backend = _backend(tgt)
     notes = hardware.target_completion_notes(target)
     dev = device if device is not None else hardware.from_target(tgt)
+    if backend == "cuda":
+        note = hardware.gpu.check_target_device(tgt, dev)
+        if note:
+            notes.append(note)
+    elif dev.kind != "cpu":
+        raise UnsupportedError(f"device {dev.name!r} is a {dev.kind}, the target is {tgt.kind.name}")
     return tgt, dev, notes
 
 
 def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None) -> Plan:
     """Analyse ``func`` and construct its top-k rTiles (no TVM scheduling yet)."""
-    from .policy import construct
+    from . import policy, policy_gpu
 
     t0 = time.perf_counter()
     tgt, dev, notes = resolve_target(target, device)
-    fa = analyze(func)
-    tiles = construct(fa, dev, topk)
+    backend = _backend(tgt)
+    fa = analyze(func, backend)
+    tiles = (policy_gpu if backend == "cuda" else policy).construct(fa, dev, topk)
     return Plan(fa, tgt, dev, tiles, notes, time.perf_counter() - t0)
 
 
 def apply(p: Plan, tile: RTile) -> s_tir.Schedule:
-    from .lower import cpu
+    from .lower import cpu, cuda
 
     func = p.analysis.func
+    if tile.backend == "cuda":
+        if tile.kind == "tiled":
+            return cuda.apply_tiled(func, p.analysis, tile, p.device)
+        return cuda.apply_streaming(func, p.analysis, tile, p.device)
     if tile.kind == "tiled":
         return cpu.apply_tiled(func, p.analysis, tile)
     return cpu.apply_streaming(func, p.analysis, tile, p.device.num_units)
@@ -85,7 +108,8 @@ def build(func, target: TargetLike, fallback: bool = False, device: Optional[Dev
     try:
         p = plan(func, target, 1, device)
         sch = apply(p, p.tiles[0])
-        return tvm.compile(sch.mod, target=p.target)
+        with pass_context(p.target):
+            return tvm.compile(sch.mod, target=p.target)
     except UnsupportedError as err:
         # TVM's default build can't help with a non-function input or an invalid target either
         if not fallback or not isinstance(func, (tvm.IRModule, tirx.PrimFunc)):
@@ -94,7 +118,19 @@ def build(func, target: TargetLike, fallback: bool = False, device: Optional[Dev
         warnings.warn(f"roller declined ({err}); building with TVM's default schedule",
                       FallbackWarning, stacklevel=2)
         mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
+        if _backend(tgt) == "cuda":  # unscheduled kernels do not build for a GPU: dlight's rules
+            mod = default_gpu_schedule(mod, tgt)
         return tvm.compile(mod, target=tgt)
+
+
+def default_gpu_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """TVM's own dlight default rules for a GPU target (what roller's CUDA results are compared
+    with, and the fallback for what roller declines)."""
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
 
 
 def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk: int = 3) -> str:
@@ -103,8 +139,15 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
     fa, best = p.analysis, p.tiles[0]
     lines = [f"target: {p.target}"]
     lines += [f"  note: {n}" for n in p.target_notes]
-    lines.append(f"device: {p.device.name} ({p.device.source}), {p.device.num_units} units, "
-                 f"{p.device.simd_bytes * 8}-bit SIMD, {p.device.num_vector_registers} vector regs")
+    d = p.device
+    if d.kind == "gpu":
+        x = d.extra
+        lines.append(f"device: {d.name} ({d.source}), {d.num_units} SMs, compute capability "
+                     f"{int(x['cc_major'])}.{int(x['cc_minor'])}, {int(x['smem_per_block_optin'])} B "
+                     f"shared memory per block (opt-in), {d.dram.bandwidth_gbs:g} GB/s DRAM")
+    else:
+        lines.append(f"device: {d.name} ({d.source}), {d.num_units} units, "
+                     f"{d.simd_bytes * 8}-bit SIMD, {d.num_vector_registers} vector regs")
     lines.append(f"main block: {fa.main} ({fa.kind}), dtype {fa.dtype}, "
                  f"{fa.flops / 1e6:.2f} MFLOP")
     lines.append("axes: " + ", ".join(f"{a.name}={a.extent}{a.kind}" for a in fa.axes))
@@ -114,7 +157,13 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
     for rank, t in enumerate(p.tiles):
         lines.append(f"#{rank + 1}: predicted {t.predicted_s * 1e6:.1f} us, bound by {t.bound}, "
                      f"{t.num_tasks} parallel tasks")
-        if t.kind == "tiled":
+        if t.kind == "tiled" and t.backend == "cuda":
+            reg = "warp tile (tensor cores)" if t.tensor_core else "register tile (per thread)"
+            lines.append(f"    {reg:26s} {t.reg}")
+            lines.append(f"    {'shared-memory (block) tile':26s} {t.l1}")
+            lines.append(f"    {t.threads} threads per block, {t.stages}-stage pipeline, "
+                         f"{t.smem_bytes} B shared memory")
+        elif t.kind == "tiled":
             lines.append(f"    register tile {t.reg}")
             lines.append(f"    L1 tile       {t.l1}")
             lines.append(f"    L2/task tile  {t.l2}")

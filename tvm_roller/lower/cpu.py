@@ -22,52 +22,19 @@ from tvm.ir.expr import TensorLoad
 from ..analysis import FuncAnalysis
 from ..analysis.visit import post_order_visit
 from ..analysis.access import build_access
-from ..errors import UnsupportedError
 from ..rtile import RTile
+from .common import axis_loops, block_names, extent, is_padding, is_reduction, perfect_split
 
 _UNROLL_STEP = 64
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _block_names(sch: s_tir.Schedule) -> List[str]:
-    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
-def _axis_loops(sch: s_tir.Schedule, block) -> list:
-    """Loops of ``block`` in the order of its iteration variables (simple bindings only)."""
-    loops = sch.get_loops(block)
-    blk = sch.get(block)
-    loop_vars = [sch.get(l).loop_var for l in loops]
-    # the realize's bindings: find each iter var's loop
-    binding = _realize_of(sch, block).iter_values
-    out = []
-    for iv, val in zip(blk.iter_vars, binding):
-        hit = [l for l, lv in zip(loops, loop_vars) if lv.same_as(val)]
-        if len(hit) != 1:
-            raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is not bound to a "
-                                   "single loop")
-        out.append(hit[0])
-    return out
 
 
-def _realize_of(sch: s_tir.Schedule, block):
-    loops = sch.get_loops(block)
-    parent = sch.get(loops[-1]).body if loops else sch.get(sch.get_sblock("root")).body
-    name = sch.get(block).name_hint
-    for node in _iter_realizes(parent):
-        if node.block.name_hint == name:
-            return node
-    raise UnsupportedError(f"cannot find the realize of block {name}")
 
 
-def _iter_realizes(stmt):
-    if isinstance(stmt, s_tir.stmt.SBlockRealize):
-        yield stmt
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            yield from _iter_realizes(s)
-    elif hasattr(stmt, "body") and not isinstance(stmt, s_tir.stmt.SBlock):
-        yield from _iter_realizes(stmt.body)
 
 
 def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
@@ -95,22 +62,8 @@ def _elements(sch: s_tir.Schedule, name: str) -> int:
     return math.prod(int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape)
 
 
-def _is_padding(sch: s_tir.Schedule, name: str) -> bool:
-    """A prologue that selects between its input and a constant (zero padding, T.if_then_else)."""
-    found = []
-
-    def visit(node):
-        # the op is "prim.if_then_else" in TVM 0.27 ("tir.if_then_else" before)
-        name = str(getattr(getattr(node, "op", None), "name", ""))
-        if isinstance(node, tirx.Select) or name.endswith("if_then_else"):
-            found.append(node)
-
-    post_order_visit(sch.get(sch.get_sblock(name)).body, visit)
-    return bool(found)
 
 
-def _is_reduction(sch: s_tir.Schedule, block) -> bool:
-    return any(iv.iter_type == 2 for iv in sch.get(block).iter_vars)  # IterVar.CommReduce
 
 
 def _is_vectorized(sch: s_tir.Schedule, loop) -> bool:
@@ -118,7 +71,7 @@ def _is_vectorized(sch: s_tir.Schedule, loop) -> bool:
 
 
 def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
-    ext = _extent(sch, loop)
+    ext = extent(sch, loop)
     if ext is None or ext <= 1:
         return
     if ext <= lanes:
@@ -128,9 +81,6 @@ def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
     sch.vectorize(inner)
 
 
-def _extent(sch: s_tir.Schedule, loop) -> Optional[int]:
-    e = sch.get(loop).extent
-    return int(e.value) if isinstance(e, tirx.IntImm) else None
 
 
 def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
@@ -139,10 +89,10 @@ def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int
     if not loops:
         return
     inner = loops[-1]
-    ext = _extent(sch, inner) or 1
+    ext = extent(sch, inner) or 1
     if len(loops) > 1:
         outer = sch.fuse(*loops[:-1])
-        if (_extent(sch, outer) or 1) > 1:
+        if (extent(sch, outer) or 1) > 1:
             sch.parallel(outer)
         _vectorize_inner(sch, inner, lanes)
     elif ext >= 2 * lanes * cores:
@@ -154,20 +104,6 @@ def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int
 
 
 # -- tiled ------------------------------------------------------------------------------------------
-def _perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> list:
-    """Split ``loop`` into (extent / prod(inner), *inner). When the factors divide the extent they
-    are recorded as a sample_perfect_tile decision (mutable by MetaSchedule); otherwise it is a
-    plain split whose outer loop rounds up (a predicate guards the tail)."""
-    if any(f < 1 for f in inner):
-        raise UnsupportedError(f"invalid tile factors {inner} for a loop of extent {extent}")
-    prod = math.prod(inner)
-    if extent % prod:
-        return sch.split(loop, [None, *inner])
-    factors = [extent // prod, *inner]
-    sampled = sch.sample_perfect_tile(loop, n=len(factors),
-                                      max_innermost_factor=max(64, factors[-1]),
-                                      decision=[int(f) for f in factors])
-    return sch.split(loop, sampled)
 
 
 def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedule:
@@ -177,7 +113,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     padded = []
     volume = math.prod(a.extent for a in fa.axes)
     for name in reversed(fa.producers):
-        if _is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1 and \
+        if is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1 and \
                 volume >= _PAD_MATERIALISE_REUSE * _elements(sch, name):
             padded.append(name)  # materialised per task below: no bounds test in the hot loop
         elif _layout_preserving(sch, name):
@@ -186,17 +122,17 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
             leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
 
     main = sch.get_sblock(fa.main)
-    loops = _axis_loops(sch, main)
+    loops = axis_loops(sch, main)
     S, R = fa.spatial, fa.reduction
     s0, s1, s2, s3, r0, r1 = [], [], [], [], [], []
     # tile sizes enter the trace as sample_perfect_tile decisions, so MetaSchedule's mutators
     # can evolve a roller schedule (warm start) like one of its own samples
     for i in S:
-        a, b, c, d = _perfect_split(sch, loops[i], fa.axes[i].extent,
+        a, b, c, d = perfect_split(sch, loops[i], fa.axes[i].extent,
                                     [t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
         s0.append(a); s1.append(b); s2.append(c); s3.append(d)
     for i in R:
-        a, b = _perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
+        a, b = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
         r0.append(a); r1.append(b)
     v = t.vector_axis
     s3_vec = None
@@ -230,9 +166,9 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         _pack_operand(sch, main, name, task, t.reg[v] if v is not None else lanes, lanes)
 
     for l in s3 + vec_outer:
-        if (_extent(sch, l) or 1) > 1:
+        if (extent(sch, l) or 1) > 1:
             sch.unroll(l)
-    if s3_vec is not None and (_extent(sch, s3_vec) or 1) > 1:
+    if s3_vec is not None and (extent(sch, s3_vec) or 1) > 1:
         sch.vectorize(s3_vec)
     sch.annotate(task, "pragma_auto_unroll_max_step", _UNROLL_STEP)
     sch.annotate(task, "pragma_unroll_explicit", 1)
@@ -245,13 +181,13 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         sch.compute_at(pad, task, preserve_unit_loops=True)
         pad_loops = sch.get_loops(pad)
         inner = pad_loops[-1]
-        if len(pad_loops) > 1 and (_extent(sch, inner) or 1) >= lanes:
+        if len(pad_loops) > 1 and (extent(sch, inner) or 1) >= lanes:
             _vectorize_inner(sch, inner, lanes)
 
     if r0:
         init = sch.decompose_reduction(main, r0[0])
         inner = sch.get_loops(init)[-1]
-        if 1 < (_extent(sch, inner) or 1) <= lanes:
+        if 1 < (extent(sch, inner) or 1) <= lanes:
             sch.vectorize(inner)
     return sch
 
@@ -279,7 +215,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
     if not red_loops:
         return
     k = sch.fuse(*red_loops) if len(red_loops) > 1 else red_loops[0]
-    ext = _extent(sch, k) or 1
+    ext = extent(sch, k) or 1
     if split_cores > 1 and ext >= split_cores * lanes * 4 and ext % (split_cores * lanes) == 0:
         kp, kr = sch.split(k, [split_cores, None])
         rf = sch.rfactor(kp, 0)  # rf[.., kp] = sum over kr: independent per core
@@ -287,7 +223,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         # rf loops: (..., kp, kr) -> parallel kp, vectorize kr through a second rfactor
         sch.parallel(rloops[-2])
         kr = rloops[-1]
-        if (_extent(sch, kr) or 1) % lanes == 0:
+        if (extent(sch, kr) or 1) % lanes == 0:
             ko, ki = sch.split(kr, [None, lanes])
             rf2 = sch.rfactor(ki, 0)
             _vectorize_rf(sch, rf2, lanes)
@@ -303,7 +239,7 @@ def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
     loops = sch.get_loops(rf)
     lane = None  # the innermost loop of extent ``lanes``: the rfactor'ed lane axis
     for l in loops:
-        if _extent(sch, l) == lanes:
+        if extent(sch, l) == lanes:
             lane = l
     if lane is None:
         return
@@ -401,27 +337,27 @@ def _block_2d(sch: s_tir.Schedule, blk_rv, pair: tuple, lanes: int, cores: int) 
 def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     lanes = t.vector_lanes
-    names = _block_names(sch)
+    names = block_names(sch)
     out_name = names[-1]
     # inline injective stages that feed a single consumer (they are recomputed at no extra cost)
     for name in names[:-1]:
         blk = sch.get_sblock(name)
-        if _is_reduction(sch, blk):
+        if is_reduction(sch, blk):
             continue
         if len(sch.get_consumers(blk)) == 1:
             sch.compute_inline(blk)
-    names = _block_names(sch)
+    names = block_names(sch)
     out = sch.get_sblock(out_name)
     out_loops = sch.get_loops(out)
-    out_red = _is_reduction(sch, out)
+    out_red = is_reduction(sch, out)
     row_loops = out_loops[:-1] if not out_red else out_loops[:len(out_loops) - sum(
         1 for iv in sch.get(out).iter_vars if iv.iter_type == 2)]
     rows = 1
     for l in row_loops:
-        rows *= _extent(sch, l) or 1
+        rows *= extent(sch, l) or 1
 
     if rows >= 2 * cores:
-        if not out_red and len(_block_names(sch)) == 1:
+        if not out_red and len(block_names(sch)) == 1:
             pair = _transposed_pair(sch, out, lanes)
             if pair is not None:  # a transposing copy: 2-D blocks instead of rows
                 _block_2d(sch, out, pair, lanes, cores)
@@ -430,17 +366,17 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         # under the output's parallel row loop so a row stays in cache between stages
         for name in names[:-1]:
             blk = sch.get_sblock(name)
-            if _is_reduction(sch, blk):
+            if is_reduction(sch, blk):
                 _reduction_rfactor_vectorize(sch, blk, lanes)
         out_loops = sch.get_loops(out)
         row_loops = out_loops[:len(row_loops)]
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
         sch.parallel(row)
-        for name in reversed(_block_names(sch)[:-1]):
+        for name in reversed(block_names(sch)[:-1]):
             sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
-        for name in _block_names(sch):
+        for name in block_names(sch):
             blk = sch.get_sblock(name)
-            if _is_reduction(sch, blk):
+            if is_reduction(sch, blk):
                 continue
             ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
             if ls and not _is_vectorized(sch, ls[-1]):
@@ -450,7 +386,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
     # few rows: parallelize inside the heavy reduction, the rest is tiny
     for name in names:
         blk = sch.get_sblock(name)
-        if _is_reduction(sch, blk):
+        if is_reduction(sch, blk):
             _reduction_rfactor_vectorize(sch, blk, lanes, split_cores=cores)
         else:
             _parallel_vectorize_block(sch, blk, lanes, cores)

@@ -1,0 +1,90 @@
+"""Schedule helpers both backends' lowerings use: find a block's loops, split by tile factors."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from tvm import s_tir, tirx
+
+from ..analysis.visit import post_order_visit
+from ..errors import UnsupportedError
+
+
+def block_names(sch: s_tir.Schedule) -> List[str]:
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def axis_loops(sch: s_tir.Schedule, block) -> list:
+    """Loops of ``block`` in the order of its iteration variables (simple bindings only)."""
+    loops = sch.get_loops(block)
+    blk = sch.get(block)
+    loop_vars = [sch.get(l).loop_var for l in loops]
+    # the realize's bindings: find each iter var's loop
+    binding = realize_of(sch, block).iter_values
+    out = []
+    for iv, val in zip(blk.iter_vars, binding):
+        hit = [l for l, lv in zip(loops, loop_vars) if lv.same_as(val)]
+        if len(hit) != 1:
+            raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is not bound to a "
+                                   "single loop")
+        out.append(hit[0])
+    return out
+
+
+def realize_of(sch: s_tir.Schedule, block):
+    loops = sch.get_loops(block)
+    parent = sch.get(loops[-1]).body if loops else sch.get(sch.get_sblock("root")).body
+    name = sch.get(block).name_hint
+    for node in iter_realizes(parent):
+        if node.block.name_hint == name:
+            return node
+    raise UnsupportedError(f"cannot find the realize of block {name}")
+
+
+def iter_realizes(stmt):
+    if isinstance(stmt, s_tir.stmt.SBlockRealize):
+        yield stmt
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            yield from iter_realizes(s)
+    elif hasattr(stmt, "body") and not isinstance(stmt, s_tir.stmt.SBlock):
+        yield from iter_realizes(stmt.body)
+
+
+def is_padding(sch: s_tir.Schedule, name: str) -> bool:
+    """A prologue that selects between its input and a constant (zero padding, T.if_then_else)."""
+    found = []
+
+    def visit(node):
+        # the op is "prim.if_then_else" in TVM 0.27 ("tir.if_then_else" before)
+        name = str(getattr(getattr(node, "op", None), "name", ""))
+        if isinstance(node, tirx.Select) or name.endswith("if_then_else"):
+            found.append(node)
+
+    post_order_visit(sch.get(sch.get_sblock(name)).body, visit)
+    return bool(found)
+
+
+def is_reduction(sch: s_tir.Schedule, block) -> bool:
+    return any(iv.iter_type == 2 for iv in sch.get(block).iter_vars)  # IterVar.CommReduce
+
+
+def extent(sch: s_tir.Schedule, loop) -> Optional[int]:
+    e = sch.get(loop).extent
+    return int(e.value) if isinstance(e, tirx.IntImm) else None
+
+
+def perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> list:
+    """Split ``loop`` into (extent / prod(inner), *inner). When the factors divide the extent they
+    are recorded as a sample_perfect_tile decision (mutable by MetaSchedule); otherwise it is a
+    plain split whose outer loop rounds up (a predicate guards the tail)."""
+    if any(f < 1 for f in inner):
+        raise UnsupportedError(f"invalid tile factors {inner} for a loop of extent {extent}")
+    prod = math.prod(inner)
+    if extent % prod:
+        return sch.split(loop, [None, *inner])
+    factors = [extent // prod, *inner]
+    sampled = sch.sample_perfect_tile(loop, n=len(factors),
+                                      max_innermost_factor=max(64, factors[-1]),
+                                      decision=[int(f) for f in factors])
+    return sch.split(loop, sampled)

@@ -1,0 +1,311 @@
+"""Apply an rTile to a PrimFunc with ``tvm.s_tir.Schedule`` for the CUDA backend.
+
+Tiled (reuse-heavy) functions, on CUDA cores (fp16 GEMMs go to ``cuda_tensorcore``):
+
+    blockIdx.x (fused block tiles) · threadIdx.x (fused thread tiles, the output's contiguous
+    axis innermost so neighbouring threads write neighbouring outputs) · k (fused reduction
+    chunks, software-pipelined) · reduction chunk · register tile (unrolled)
+
+Every input's chunk is fetched into shared memory cooperatively by the whole block with 16-byte
+vector accesses, rows padded (``storage_align``) when a row spans all 32 banks; padding and
+other prologues are inlined into that fetch; the accumulators live in registers and the
+elementwise epilogue is folded into their write-back.
+
+Memory-bound functions: rows (the spatial axes every block shares) map to thread blocks and a
+row's reduction to the block's threads, which TVM lowers to warp shuffles plus one shared-memory
+exchange; elementwise functions map one element (or one 16-byte vector) to a thread.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import tvm
+from tvm import s_tir
+
+from ..analysis import FuncAnalysis
+from ..errors import UnsupportedError
+from ..hardware import DeviceModel
+from ..hardware.model import DTYPE_BYTES
+from ..rtile import RTile
+from .common import axis_loops, block_names, extent, is_reduction, perfect_split
+
+_VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
+_UNROLL_STEP = 256
+
+
+def _try(what: str, fn, *args, **kwargs):
+    """Run a schedule primitive; a refusal becomes an UnsupportedError naming the step."""
+    try:
+        return fn(*args, **kwargs)
+    except tvm.TVMError as err:  # s_tir.ScheduleError derives from it
+        first = str(err).strip().splitlines()
+        msg = next((l for l in first if "Error" in l or "error" in l), first[-1] if first else "")
+        raise UnsupportedError(f"CUDA lowering: {what} failed: {msg.strip()[:300]}") from None
+
+
+def _vector_lanes(dtype: str) -> int:
+    return max(1, _VECTOR_BYTES // DTYPE_BYTES.get(dtype, 4))
+
+
+def _cooperative_fetch(sch: s_tir.Schedule, block, threads: int, dtype: str) -> None:
+    """All threads of the block copy a tile: fused loops split over threadIdx.x, the innermost
+    split a 16-byte vector when the tile's rows allow it."""
+    # compute_at (unit loops preserved) made one loop per dimension of the tile
+    inner = sch.get_loops(block)[-len(sch.get(block).iter_vars):]
+    if not inner:
+        return
+    row = extent(sch, inner[-1]) or 1
+    total = math.prod(extent(sch, l) or 1 for l in inner)
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    vec = _vector_lanes(dtype)
+    while vec > 1 and (row % vec or total % vec):
+        vec //= 2
+    if vec > 1 and total >= vec * threads:
+        _, tx, v = sch.split(fused, [None, threads, vec])
+        sch.vectorize(v)
+    else:
+        _, tx = sch.split(fused, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
+def _pad_rows(sch: s_tir.Schedule, block, dtype: str, dev: DeviceModel) -> Optional[str]:
+    """Shift each row of a shared tile by one 16-byte vector when rows are a multiple of the 32
+    banks: column accesses by different threads then fall in different banks."""
+    loops = sch.get_loops(block)
+    nd = len(sch.get(block).iter_vars)
+    if nd < 2:
+        return None
+    row = extent(sch, loops[-1]) or 1
+    elem = DTYPE_BYTES.get(dtype, 4)
+    bank_row = int(dev.extra.get("smem_banks", 32)) * int(dev.extra.get("bank_bytes", 4)) // elem
+    if row % bank_row:
+        return None
+    pad = _vector_lanes(dtype)
+    sch.storage_align(block, 0, axis=nd - 2, factor=bank_row, offset=pad)
+    return f"{sch.get(block).name_hint}: rows of {row} padded by {pad} (bank conflicts)"
+
+
+# -- tiled -----------------------------------------------------------------------------------
+def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
+    if t.tensor_core:
+        from .cuda_tensorcore import apply_tensorcore
+
+        return apply_tensorcore(func, fa, t)
+    sch = s_tir.Schedule(func)
+    main = sch.get_sblock(fa.main)
+    loops = axis_loops(sch, main)
+    S, R = fa.spatial, fa.reduction
+    v = t.vector_axis if t.vector_axis is not None else (S[-1] if S else None)
+    grid, thr, reg, ko, ki = [], [], [], [], []
+    vec_thr, vec_reg = [], []
+    for i in S:
+        r = t.reg[i]
+        if i == v and r > 4 and r % 4 == 0:
+            # a thread's outputs along the contiguous axis in 4-wide pieces a block-row apart:
+            # each warp then reads and writes whole 16-byte vectors side by side (coalesced,
+            # no shared-memory bank conflicts)
+            g, ro, th, vi = perfect_split(sch, loops[i], fa.axes[i].extent,
+                                          [r // 4, t.l1[i] // r, 4])
+            grid.append(g); vec_thr.append(th); vec_reg += [ro, vi]
+            continue
+        g, th, rr = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i] // r, r])
+        if i == v:
+            grid.append(g); vec_thr.append(th); vec_reg.append(rr)
+        else:
+            grid.append(g); thr.append(th); reg.append(rr)
+    for i in R:
+        o, inner = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
+        ko.append(o); ki.append(inner)
+    # the contiguous output axis varies fastest across threads and innermost in registers
+    thr, reg = thr + vec_thr, reg + vec_reg
+    sch.reorder(*grid, *thr, *ko, *ki, *reg)
+    bx = sch.fuse(*grid) if len(grid) > 1 else grid[0]
+    tx = sch.fuse(*thr) if len(thr) > 1 else thr[0]
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    k = (sch.fuse(*ko) if len(ko) > 1 else ko[0]) if ko else None
+
+    # accumulators in registers, the epilogue folded into their write-back
+    wb = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(wb, tx, preserve_unit_loops=True)
+    for name in fa.consumers:
+        _try(f"inlining epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
+    wb_loops = sch.get_loops(wb)
+    out_dtype = str(sch.get(wb).writes[0].source.dtype)
+    lanes = _vector_lanes(out_dtype)
+    inner_ext = extent(sch, wb_loops[-1]) or 1
+    if v == S[-1] and inner_ext % lanes == 0 and inner_ext > 1:
+        _, vi = sch.split(wb_loops[-1], [None, lanes])
+        sch.vectorize(vi)
+    elif 1 < inner_ext <= lanes and v == S[-1] and inner_ext in (2, 4):
+        sch.vectorize(wb_loops[-1])
+
+    # each input's chunk staged in shared memory; prologues (padding) inlined into the fetch
+    threads = t.threads
+    if k is not None:
+        blk = sch.get(main)
+        outs = {w.source.name for w in blk.writes}
+        read_idx = [i for i, r in enumerate(blk.reads) if r.source.name not in outs]
+        fetches = []
+        for i in read_idx:
+            s = sch.cache_read(main, i, "shared")
+            sch.compute_at(s, k, preserve_unit_loops=True)
+            fetches.append(s)
+        for name in reversed(fa.producers):
+            _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
+        for s in fetches:
+            dtype = str(sch.get(s).writes[0].source.dtype)
+            note = _pad_rows(sch, s, dtype, dev)
+            if note and note not in t.notes:
+                t.notes.append(note)
+            _cooperative_fetch(sch, s, threads, dtype)
+        if t.stages >= 2 and (extent(sch, k) or 1) >= 2:
+            n = len(fetches)
+            sch.annotate(k, "software_pipeline_stage", [0] * n + [t.stages - 1])
+            sch.annotate(k, "software_pipeline_order", list(range(n + 1)))
+            if _async_copy(dev):
+                sch.annotate(k, "software_pipeline_async_stages", [0])
+        sch.decompose_reduction(main, k)
+    else:
+        for name in reversed(fa.producers):
+            _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
+    sch.annotate(bx, "pragma_auto_unroll_max_step", _UNROLL_STEP)
+    sch.annotate(bx, "pragma_unroll_explicit", 1)
+    return sch
+
+
+def _async_copy(dev: DeviceModel) -> bool:
+    return int(dev.extra.get("cc_major", 0)) >= 8  # cp.async exists from sm_80
+
+
+# -- memory-bound ----------------------------------------------------------------------------
+def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str, vectorize: bool) -> None:
+    """One element (or one 16-byte vector) per thread over the block's fused loops."""
+    loops = sch.get_loops(block)
+    row = extent(sch, loops[-1]) or 1
+    total = math.prod(extent(sch, l) or 1 for l in loops)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    vec = _vector_lanes(dtype) if vectorize else 1
+    while vec > 1 and (row % vec or total % vec):
+        vec //= 2
+    threads = min(threads, max(32, -(-total // vec // 32) * 32))
+    if vec > 1:
+        bx, tx, vi = sch.split(fused, [None, threads, vec])
+        sch.vectorize(vi)
+    else:
+        bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+def _row_loops(sch: s_tir.Schedule, block, nrows: int):
+    loops = sch.get_loops(block)
+    return loops[:nrows], loops[nrows:]
+
+
+def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    threads = max(32, t.threads or 256)
+    names = block_names(sch)
+    # elementwise stages inline into their consumers where they can (one kernel, no round trip)
+    for name in names[:-1]:
+        blk = sch.get_sblock(name)
+        if is_reduction(sch, blk):
+            continue
+        try:
+            sch.compute_inline(blk)
+        except tvm.TVMError:
+            continue  # kept as a stage of its own (e.g. it feeds two consumers differently)
+    names = block_names(sch)
+    if fa.kind == "elementwise":
+        for name in names:
+            blk = sch.get_sblock(name)
+            _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), True)
+        return sch
+    if t.acc_level == "split":
+        return _split_reduction(sch, fa, t, threads)
+    rows = len(fa.spatial)
+    last = sch.get_sblock(names[-1])
+    row, rest = _row_loops(sch, last, rows)
+    if len(row) != rows or not _rows_match(sch, names, rows):
+        raise UnsupportedError("CUDA lowering: the stages do not share the reduction's rows")
+    if t.acc_level == "thread":
+        # short reductions (pooling windows): one output per thread, earlier stages of the same
+        # row computed by that thread into registers
+        sch.reorder(*row, *rest)
+        inner = sch.fuse(*row, *rest) if len(row) + len(rest) > 1 else (row + rest)[0]
+        _bind_flat_loops(sch, [inner], threads)
+        anchor, scope = sch.get_loops(last)[1], "local"
+    else:
+        # one row per thread block: the stages' inner loops spread over the block's threads
+        # (TVM lowers a reduction bound to threads to warp shuffles), intermediates in shared
+        bx = sch.fuse(*row) if len(row) > 1 else row[0]
+        sch.bind(bx, "blockIdx.x")
+        _spread(sch, rest, threads)
+        anchor, scope = bx, "shared"
+    for name in reversed(names[:-1]):
+        blk = sch.get_sblock(name)
+        _try(f"placing {name} in its row", sch.compute_at, blk, anchor, preserve_unit_loops=True)
+        sch.set_scope(blk, 0, scope)
+        if scope == "shared":
+            _spread(sch, sch.get_loops(blk)[1:], threads)
+    return sch
+
+
+def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
+                     threads: int) -> s_tir.Schedule:
+    """Few rows, long reductions (a norm over a whole tensor): each row's reduction is split
+    over ``t.l2`` thread blocks (``rfactor``) writing partial results, a second kernel
+    reduces those; the epilogue stages run as kernels of their own."""
+    parts = t.l2[fa.reduction[0]]
+    main = sch.get_sblock(fa.main)
+    loops = sch.get_loops(main)
+    kinds = [iv.iter_type for iv in sch.get(main).iter_vars]
+    spatial = [l for l, k in zip(loops, kinds) if k == 0]
+    red = [l for l, k in zip(loops, kinds) if k != 0]
+    r = sch.fuse(*red) if len(red) > 1 else red[0]
+    p, _, tx = sch.split(r, [parts, None, threads])
+    rf = _try("splitting the reduction over blocks", sch.rfactor, p, len(spatial))
+    rf_loops = sch.get_loops(rf)
+    bx = sch.fuse(*rf_loops[:len(spatial) + 1])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(sch.get_loops(rf)[-1], "threadIdx.x")
+    fin = sch.get_loops(main)
+    bx2 = sch.fuse(*fin[:len(spatial)]) if len(spatial) > 1 else fin[0]
+    sch.bind(bx2, "blockIdx.x")
+    sch.bind(fin[-1], "threadIdx.x")
+    for name in fa.consumers:
+        blk = sch.get_sblock(name)
+        _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), True)
+    return sch
+
+
+def _rows_match(sch: s_tir.Schedule, names: List[str], rows: int) -> bool:
+    exts = None
+    for name in names:
+        loops = sch.get_loops(sch.get_sblock(name))
+        e = [extent(sch, l) for l in loops[:rows]]
+        if exts is None:
+            exts = e
+        elif e != exts:
+            return False
+    return True
+
+
+def _spread(sch: s_tir.Schedule, loops: list, threads: int) -> None:
+    """A row's remaining loops (spatial or reduction) over threadIdx.x."""
+    if not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    _, tx = sch.split(fused, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
+def _bind_flat_loops(sch: s_tir.Schedule, loops: list, threads: int) -> None:
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    total = extent(sch, fused) or 1
+    threads = min(threads, max(32, -(-total // 32) * 32))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
