@@ -126,11 +126,10 @@ def build(func, target: TargetLike, fallback: bool = False, device: Optional[Dev
 def default_gpu_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """TVM's own dlight default rules for a GPU target (what roller's CUDA results are compared
     with, and the fallback for what roller declines)."""
-    from tvm.s_tir import dlight as dl
+    from .relax import _fallback_passes
 
     with target:
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        return tvm.transform.Sequential(_fallback_passes(target))(mod)
 
 
 def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk: int = 3) -> str:

@@ -5,7 +5,8 @@
 The pipeline is TVM's default one for the target (library dispatch, legalization, fusion, dataflow
 lowering, finalization) with one pass added after fusion: roller plans and schedules each fused
 PrimFunc; a function roller declines (a gather, a symbolic shape, ...) keeps TVM's default
-treatment and is reported with the reason.
+treatment and is reported with the reason. On a CUDA target TVM's default treatment is its
+dlight rules (an unscheduled kernel cannot run on a GPU), which then see only what roller left.
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         with tgt:
             seq = tvm.transform.Sequential(
                 stages.library_dispatch_passes(tgt)
-                + [fusion_passes(fast_math), roller]
+                + [fusion_passes(fast_math), roller] + _fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
             return seq(mod)
@@ -154,9 +155,12 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
                 report.extend(dict(e, cached=True) for e in entries)
             _summarise([FuncReport(**dict(e, cached=True)) for e in entries])
             return lib
+    from .api import pass_context
+
     entries: list = []
-    ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
-        tgt, entries, device, cache, progress, fast_math))
+    with pass_context(tgt):
+        ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
+            tgt, entries, device, cache, progress, fast_math))
     if report is not None:
         report.extend(entries)
     if mcache is not None:
@@ -178,6 +182,17 @@ def _default_stages(tgt: tvm.target.Target):
         raise UnsupportedError(f"no Relax pipeline for target kind {kind!r} "
                                f"(supported: {', '.join(backends)})")
     return importlib.import_module(f"tvm.relax.backend.{backends[kind]}.pipeline")
+
+
+def _fallback_passes(tgt: tvm.target.Target) -> list:
+    """What schedules the functions roller declined: nothing on a CPU (TVM's default lowering
+    builds them), dlight's default GPU rules on CUDA (they skip what roller marked scheduled)."""
+    if tgt.kind.name != "cuda":
+        return []
+    from tvm.s_tir import dlight as dl
+
+    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
 
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -233,9 +233,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
     if t.acc_level == "thread":
         # short reductions (pooling windows): one output per thread, earlier stages of the same
         # row computed by that thread into registers
-        sch.reorder(*row, *rest)
-        inner = sch.fuse(*row, *rest) if len(row) + len(rest) > 1 else (row + rest)[0]
-        _bind_flat_loops(sch, [inner], threads)
+        _bind_flat_loops(sch, row, threads)
         anchor, scope = sch.get_loops(last)[1], "local"
     else:
         # one row per thread block: the stages' inner loops spread over the block's threads
