@@ -47,7 +47,7 @@ _RECORDS = "database_tuning_record.json"
 # MetaSchedule's stand-in run time for a failed build or run (SortTuningRecordByMeanRunSecs)
 _MS_FAILED_SECS = 1e10
 # the runner opens tvm.runtime.device(device_type): a device name, not a target kind
-_RUNNER_DEVICE = {"llvm": "cpu"}
+_RUNNER_DEVICE = {"llvm": "cpu", "cuda": "cuda"}
 
 ModLike = Union[tvm.IRModule, tirx.PrimFunc]
 
@@ -438,7 +438,7 @@ def tune(mod: Union[ModLike, "relax.Function"], target: api.TargetLike,
     """
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    tgt, _dev, _notes = api.resolve_target(target, device)  # UnsupportedError for non-llvm
+    tgt, _dev, _notes = api.resolve_target(target, device)  # UnsupportedError: no backend
     tasks = extract_tasks(mod, tgt)
     work_dir = _prepare_work_dir(work_dir)
     kind = MEASURED if measure else PREDICTED
