@@ -250,13 +250,16 @@ def test_c_target_has_no_backend_but_falls_back(target):
     assert_close(run(lib, [x], (64,), "float32"), 2.0 * x, 0.0)
 
 
-@pytest.mark.parametrize("target", [{"kind": "cuda", "arch": "sm_90"}, "nvidia/nvidia-h100"])
-def test_cuda_target_has_no_backend(target):
+@pytest.mark.parametrize("target", [{"kind": "cuda", "arch": "sm_86"}, {"kind": "cuda"}])
+def test_cuda_target_without_preset(target):
+    """A CUDA arch with no preset (or none at all: TVM defaults to sm_50) is refused by name;
+    the fallback is dlight's default build."""
     func = _double()
-    assert tvm_roller.hardware.normalize_target(target).kind.name == "cuda"
-    _declined(func, "target kind 'cuda' has no roller backend", target)
-    lib = _fallback(func, target)  # TVM's default build (nothing to run it on here)
-    assert lib is not None
+    with pytest.raises(UnsupportedError, match="compute capability"):
+        _build(func, target)
+    with pytest.raises(UnsupportedError, match="is a cpu, the target is CUDA"):
+        tvm_roller.schedule(func, target, device=device())
+    assert _fallback(func, target, match="compute capability") is not None
 
 
 @pytest.mark.parametrize("target,match", [

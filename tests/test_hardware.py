@@ -129,9 +129,10 @@ def test_from_target_host_without_sys(monkeypatch, tmp_path):
     assert m.frequency_ghz > 0 and m.peak_gflops["float32"] > 0
 
 
-def test_from_target_rejects_gpu_kinds():
+def test_from_target_gpu_kinds():
+    assert from_target("nvidia/nvidia-h100").kind == "gpu"  # a preset, no live GPU
     with pytest.raises(UnsupportedError):
-        from_target("nvidia/nvidia-h100")
+        from_target({"kind": "rocm"})
 
 
 # -- cache ------------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def build(func, target: TargetLike, fallback: bool = False, device: Optional[Dev
         warnings.warn(f"roller declined ({err}); building with TVM's default schedule",
                       FallbackWarning, stacklevel=2)
         mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
-        if _backend(tgt) == "cuda":  # unscheduled kernels do not build for a GPU: dlight's rules
+        if tgt.kind.name == "cuda":  # unscheduled kernels do not build for a GPU: dlight's rules
             mod = default_gpu_schedule(mod, tgt)
         return tvm.compile(mod, target=tgt)
 
