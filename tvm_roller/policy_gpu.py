@@ -27,7 +27,7 @@ from .rtile import RTile, aligned_steps
 Tile = Tuple[int, ...]
 _MAX_ACC = 64  # accumulators per thread: 8x8 leaves room for operands at 2 blocks per SM
 _REG_BUDGET = 96
-_BLOCK_THREADS = (64, 128, 256, 512)
+_BLOCK_THREADS = (32, 64, 128, 256, 512)
 _STATIC_SMEM = 48 * 1024  # beyond this a kernel needs dynamic shared memory and an opt-in
 
 
@@ -82,8 +82,9 @@ def _register_tiles(fa: FuncAnalysis, notes: List[str]) -> List[Tile]:
     if v is not None:
         notes.append(f"register tile: {fa.axes[v].name} in steps of 4 (16-byte stores); at most "
                      f"{_MAX_ACC} accumulators per thread")
-    # the grown tile and two smaller ones: small problems need more threads than big tiles allow
-    return list(dict.fromkeys(path[-1:] + path[len(path) // 2:len(path) // 2 + 1] + path[:1]))
+    # every tile on the way: small problems need more threads than big tiles allow, and the
+    # micro-model weighs register reuse against parallelism
+    return list(dict.fromkeys(reversed(path)))
 
 
 # -- shared memory -----------------------------------------------------------------------------
