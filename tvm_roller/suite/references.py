@@ -67,6 +67,35 @@ _CAP = (None,) * 6 + (1, 0, 4)  # N H W CI CO k stride pad capsule
 _CBR = (None,) * 8 + (1,)  # N H W CI CO k strides pad dil
 
 
+# Names of the positional parameters above (te_workload's argument order), for named_params.
+_PARAM_NAMES = {
+    "C1D": ("n", "l", "ci", "co", "k", "stride", "pad", "dil", "groups"),
+    "C2D": ("n", "h", "w", "ci", "co", "k", "stride", "pad", "dil", "groups"),
+    "C3D": ("n", "d", "h", "w", "ci", "co", "k", "stride", "pad", "dil", "groups"),
+    "DEP": ("n", "h", "w", "c", "k", "stride", "pad", "dil", "factor"),
+    "T2D": ("n", "h", "w", "ci", "co", "k", "stride", "pad"),
+    "CAP": ("n", "h", "w", "ci", "co", "k", "stride", "pad", "capsule"),
+    "CBR": ("n", "h", "w", "ci", "co", "k", "stride", "pad", "dil"),
+    "GMM": ("b", "n", "m", "k"),
+    "TBG": ("b", "seq", "heads", "dim"),
+    "NRM": ("b", "m", "n"),
+    "SFM": ("m", "n"),
+}
+_PARAM_NAMES["GRP"] = _PARAM_NAMES["DIL"] = _PARAM_NAMES["C2D"]
+_DEFAULTS = {"C1D": _CONV1D, "C2D": _CONV2D, "GRP": _CONV2D, "DIL": _CONV2D, "C3D": _CONV3D,
+             "DEP": _DEPTH, "T2D": _T2D, "CAP": _CAP, "CBR": _CBR}
+
+
+def named_params(cls: str, idx: int) -> dict:
+    """Workload ``cls:idx``'s CONFIGS parameters by name, trailing defaults filled in (stride,
+    pad, dil, groups, ...), as plain ints: what a reference outside TVM (e.g. PyTorch on a GPU
+    machine without TVM) needs to reproduce the op."""
+    p = workloads.params(cls, idx)
+    if cls in _DEFAULTS:
+        p = _with_defaults(p, _DEFAULTS[cls])
+    return {k: int(v) for k, v in zip(_PARAM_NAMES[cls], p)}
+
+
 def _t(x: np.ndarray, dtype: "torch.dtype") -> "torch.Tensor":
     import torch
 

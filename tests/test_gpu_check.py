@@ -1,0 +1,478 @@
+"""python/gpu_check.py without a GPU: the CuPy launcher against a fake CuPy (kernel names, grids,
+blocks, dynamic shared memory, argument order, loading fallbacks), the PyTorch ops against the
+suite's float64 references on the CPU, the results table, and the ``build`` half on a few
+workloads (size, contents, and that the ``run`` half reads it without TVM)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "python" / "gpu_check.py"
+HAVE_NVCC = bool(os.environ.get("TVM_ROLLER_NVCC") or shutil.which("nvcc")
+                 or os.path.isfile("/usr/local/cuda/bin/nvcc"))
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+g = _load_script()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loader_state():
+    g._LOAD_PREF.clear()  # which loading route worked is remembered per process
+    yield
+    g._LOAD_PREF.clear()
+
+
+# -- a fake CuPy ------------------------------------------------------------------------------
+FAKE_CUPY = r'''
+import re
+import numpy as np
+
+
+class FakeFunction:
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        self.module.cp.calls.append({"name": self.name, "grid": grid, "block": block,
+                                     "args": args, "shared_mem": shared_mem,
+                                     "opt_in": getattr(self, "max_dynamic_shared_size_bytes", None)})
+
+
+class FakeModule:
+    def __init__(self, cp, code=None, options=(), path=None):
+        self.cp, self.code, self.options, self.path = cp, code, tuple(options), path
+        cp.modules.append(self)
+
+    def get_function(self, name):
+        # real CuPy compiles here and fails for a bad source or a missing kernel
+        if self.code is not None:
+            if self.cp.reject(self.options):
+                raise RuntimeError("NVRTC_ERROR_INVALID_OPTION (5)")
+            pattern = r"__global__\s+void\s+(__launch_bounds__\(\d+\)\s+)?" + re.escape(name) + r"\("
+            if not re.search(pattern, self.code):
+                raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: {name}")
+        elif self.cp.reject_cubin:
+            raise RuntimeError("CUDA_ERROR_INVALID_IMAGE")
+        fn = FakeFunction(self, name)
+        self.cp.functions.append(fn)
+        return fn
+
+
+class FakeCupy:
+    uint8, float32 = np.uint8, np.float32
+    __version__ = "fake"
+
+    def __init__(self, reject=lambda options: False, reject_cubin=False):
+        self.reject, self.reject_cubin = reject, reject_cubin
+        self.modules, self.functions, self.calls = [], [], []
+
+    def RawModule(self, code=None, *, options=(), path=None):
+        return FakeModule(self, code, options, path)
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def asarray(self, x):
+        return x
+'''
+_ns: dict = {}
+exec(FAKE_CUPY, _ns)  # noqa: S102  (also shipped verbatim into the no-TVM subprocess below)
+FakeCupy = _ns["FakeCupy"]
+
+
+class Buf:
+    """Stands for a device array; identity is what the argument checks compare."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Buf({self.name})"
+
+
+# -- bundles made by cuda_build ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def softmax_bundle():
+    """SFM:0 with each block its own kernel: 4 launches, two workspaces (see test_cuda_build)."""
+    tvm = pytest.importorskip("tvm")
+    from tvm_roller.lower import cuda_build as cb
+    from tvm_roller.suite import workloads
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": workloads.create("SFM", 0)}))
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        bx, tx = sch.split(sch.get_loops(b)[0], [None, 64])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    target = tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": "sm_90"})
+    return json.loads(cb.kernel_launches(sch.mod, target).to_json())
+
+
+def test_launcher_multi_kernel(softmax_bundle):
+    cp = FakeCupy()
+    launcher = g.Launcher(softmax_bundle, cp)
+    (mod,) = cp.modules
+    assert mod.code == softmax_bundle["source"] and mod.options[0] == "-arch=sm_90"
+    assert launcher.how == "nvrtc -arch=sm_90"
+    names = [l["name"] for l in softmax_bundle["launches"]]
+    assert list(launcher.functions) == names
+    # workspaces are raw bytes of the recorded sizes
+    assert [w.nbytes for w in launcher.workspaces] == [256 * 4, 65536 * 4]
+    A, out = Buf("A"), Buf("out")
+    launcher([A, out])
+    assert [c["name"] for c in cp.calls] == names
+    assert all(c["grid"] == (4, 1, 1) and c["block"] == (64, 1, 1) and c["shared_mem"] == 0
+               for c in cp.calls)
+    ws0, ws1 = launcher.workspaces
+    expect = [(A, ws0), (A, ws1, ws0), (ws1, ws0), (ws1, ws0, out)]
+    for call, args in zip(cp.calls, expect):
+        assert len(call["args"]) == len(args) and all(a is b for a, b in zip(call["args"], args))
+    assert all(c["opt_in"] is None for c in cp.calls)  # nothing above 48 KB
+    with pytest.raises(ValueError, match="1 arguments for 2"):
+        launcher.prepare([A])
+
+
+def _hand_bundle(dyn: int) -> dict:
+    src = ('extern "C" __global__ void __launch_bounds__(128) k_big(float* X_ptr, int n) {}\n'
+           'extern "C" __global__ void k_small(float* X_ptr, float* Y_ptr) {}\n')
+    return {
+        "format": 1, "arch": "sm_90", "source": src,
+        "params": [{"name": "X", "shape": [8], "dtype": "float32", "kind": "buffer"},
+                   {"name": "n", "shape": [], "dtype": "int32", "kind": "scalar"}],
+        "workspaces": [{"name": "Y", "dtype": "float16", "count": 3}],
+        "launches": [
+            {"name": "k_big", "grid": [2, 3, 1], "block": [128, 1, 1], "dyn_smem_bytes": dyn,
+             "args": [{"kind": "param", "index": 0, "dtype": "float32", "value": None, "name": "X"},
+                      {"kind": "param", "index": 1, "dtype": "int32", "value": None, "name": "n"}]},
+            {"name": "k_small", "grid": [1, 1, 1], "block": [32, 2, 1], "dyn_smem_bytes": 1024,
+             "args": [{"kind": "param", "index": 0, "dtype": "float32", "value": None, "name": "X"},
+                      {"kind": "workspace", "index": 0, "dtype": "float16", "value": None,
+                       "name": "Y"}]},
+            {"name": "k_big", "grid": [1, 1, 1], "block": [128, 1, 1], "dyn_smem_bytes": 0,
+             "args": [{"kind": "param", "index": 0, "dtype": "float32", "value": None, "name": "X"},
+                      {"kind": "scalar", "index": -1, "dtype": "int32", "value": 7, "name": "n"}]},
+        ],
+    }
+
+
+def test_launcher_dynamic_smem_opt_in_and_scalars():
+    cp = FakeCupy()
+    launcher = g.Launcher(_hand_bundle(73728), cp)
+    assert launcher.functions["k_big"].max_dynamic_shared_size_bytes == 73728  # > 48 KB: opt in
+    assert not hasattr(launcher.functions["k_small"], "max_dynamic_shared_size_bytes")
+    assert launcher.workspaces[0].nbytes == 6  # 3 float16
+    X = Buf("X")
+    launcher([X, 5])
+    big, small, again = cp.calls
+    assert (big["grid"], big["block"], big["shared_mem"]) == ((2, 3, 1), (128, 1, 1), 73728)
+    assert big["args"][0] is X and big["args"][1] == 5 and big["args"][1].dtype == np.int32
+    assert (small["block"], small["shared_mem"]) == ((32, 2, 1), 1024)
+    assert small["args"][1] is launcher.workspaces[0]
+    assert again["args"][1] == 7 and again["args"][1].dtype == np.int32
+    cp = FakeCupy()
+    g.Launcher(_hand_bundle(8192), cp)
+    assert not hasattr(cp.functions[0], "max_dynamic_shared_size_bytes")
+
+
+def test_loader_fallbacks(tmp_path):
+    bundle = _hand_bundle(0)
+    # an NVRTC that rejects a second -arch: CuPy's own arch option only
+    cp = FakeCupy(reject=lambda opts: any(o.startswith("-arch") for o in opts))
+    launcher = g.Launcher(bundle, cp)
+    assert launcher.how == "nvrtc" and not any(o.startswith("-arch") for o in cp.modules[-1].options)
+    # remembered: the next module tries that route first
+    cp2 = FakeCupy(reject=lambda opts: any(o.startswith("-arch") for o in opts))
+    g.Launcher(bundle, cp2)
+    assert len(cp2.modules) == 1
+    # no usable NVRTC at all: the cubin nvcc built
+    g._LOAD_PREF.clear()
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\x7fELF")
+    cp3 = FakeCupy(reject=lambda opts: True)
+    launcher = g.Launcher(bundle, cp3, cubin_path=str(cubin))
+    assert launcher.how == "cubin" and cp3.modules[-1].path == str(cubin)
+    g._LOAD_PREF.clear()
+    with pytest.raises(RuntimeError, match="NVRTC_ERROR_INVALID_OPTION.*CUDA_ERROR_INVALID_IMAGE"):
+        g.Launcher(bundle, FakeCupy(reject=lambda o: True, reject_cubin=True), cubin_path=str(cubin))
+    # a kernel missing from the source is a load error, not a silent skip
+    g._LOAD_PREF.clear()
+    bad = dict(bundle, launches=[dict(bundle["launches"][0], name="nope")])
+    with pytest.raises(RuntimeError, match="nope"):
+        g.Launcher(bad, FakeCupy())
+
+
+def test_nvrtc_options_define_infinity_only_when_used():
+    cp = FakeCupy()
+    src = 'extern "C" __global__ void k(float* x) { x[0] = INFINITY; }'
+    g.load_module(cp, src, "sm_90", "k")
+    assert "-DINFINITY=__int_as_float(0x7f800000)" in cp.modules[-1].options
+    g.load_module(cp, src.replace("INFINITY", "1.0f"), "sm_90", "k")
+    assert not any("INFINITY" in o for o in cp.modules[-1].options)
+
+
+# -- PyTorch ops vs the suite's references --------------------------------------------------------
+# one small shape per class (float64 on 2 CPU cores)
+SMALL = ["C1D:0", "C2D:1", "GMM:0", "GRP:0", "DIL:1", "DEP:2", "T2D:3", "CAP:2", "NRM:0", "SFM:0",
+         "CBR:2", "TBG:2"]
+
+
+@pytest.mark.parametrize("name", SMALL + [pytest.param("C3D:1", marks=pytest.mark.slow)])
+def test_torch_ops_match_references(name):
+    torch = pytest.importorskip("torch")
+    from tvm_roller.suite import references, workloads
+
+    cls, idx = name.split(":")
+    idx = int(idx)
+    func = workloads.create(cls, idx)
+    inputs = workloads.random_inputs(func)
+    ref = references.reference(cls, idx, inputs)
+    fn, back = g.torch_op(cls, references.named_params(cls, idx),
+                          [torch.from_numpy(x).to(torch.float64) for x in inputs])
+    out = back(fn())
+    assert tuple(out.shape) == workloads.output_spec(func)[0]
+    assert g.rel_error(out, torch.from_numpy(np.asarray(ref))) < 1e-12
+
+
+def test_torch_op_hgemm():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    a = g.random_tensor((64, 32), "float16", gen, device="cpu")
+    b = g.random_tensor((32, 48), "float16", gen, device="cpu")
+    fn, back = g.torch_op("HGEMM", {"m": 64, "n": 48, "k": 32}, [a.double(), b.double()])
+    ref = torch.from_numpy(a.double().numpy() @ b.double().numpy())
+    assert g.rel_error(back(fn()), ref) < 1e-12
+    assert g.rel_error((a.double() @ b.double()).half(), ref) < g.FP16_TOL
+
+
+def test_rel_error_and_random_tensor():
+    torch = pytest.importorskip("torch")
+    ref = torch.tensor([[1.0, -2.0], [0.5, 4.0]], dtype=torch.float64)
+    assert g.rel_error(ref.float(), ref) == 0.0
+    assert g.rel_error(ref + 0.04, ref) == pytest.approx(0.01)
+    assert g.rel_error(torch.full((2, 2), float("nan")), ref) == float("inf")
+    assert g.rel_error(ref[0], ref) == float("inf")
+    x = g.random_tensor((64, 64), "float16", torch.Generator().manual_seed(1), device="cpu")
+    assert x.dtype == torch.float16 and bool((x != 0).all()) and float(x.abs().max()) <= 1.0
+
+
+def test_n_copies():
+    l2 = 50 * 2**20
+    assert g.n_copies(100 * 2**20, l2) == 2  # 3x the L2 in two copies
+    assert g.n_copies(2**10, l2) == 32  # capped
+    assert g.n_copies(2**31, l2) == 1  # a copy bigger than the memory cap: just one
+
+
+def test_table_and_geomeans():
+    rows = [
+        {"name": "A:0", "roller": {"status": "ok", "us": 10.0}, "dlight": {"status": "ok", "us": 20.0},
+         "torch": {"status": "ok", "us": 5.0}},
+        {"name": "B:0", "roller": {"status": "ok", "us": 10.0}, "dlight": {"status": "ok", "us": 80.0},
+         "torch": {"status": "ok", "us": 20.0}},
+        {"name": "C:0", "roller": {"status": "wrong", "rel_err": 0.5, "us": 1.0},
+         "dlight": {"status": "ok", "us": 80.0}, "torch": {"status": "ok", "us": 20.0}},
+        {"name": "D:0", "roller": {"status": "declined", "reason": "x"},
+         "dlight": {"status": "skipped"}, "torch": {"status": "skipped"}},
+    ]
+    micro = [{"name": "DRAM bandwidth", "unit": "GB/s", "measured": 4000.0, "preset": 4320.0,
+              "ratio": 4000 / 4320, "how": "copy"}, {"name": "L2", "unit": "GB/s", "error": "boom"}]
+    text, md, summary = g.table(rows, micro)
+    assert summary["geomean_vs_dlight"] == pytest.approx(4.0)  # sqrt(2 * 8); C:0 is wrong
+    assert summary["geomean_vs_torch"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
+    assert summary["roller_wrong"] == ["C:0"] and summary["roller_ok"] == 2
+    assert "ERR 5.0e-01" in text and "declined" in text and "0.93" in text and "boom" in text
+    assert md.startswith("| workload |") and md.count("\n| ") >= 6
+
+
+# -- build ------------------------------------------------------------------------------------
+BUILD_OPS = "GMM:0,SFM:0,NRM:0"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    pytest.importorskip("tvm")
+    out = tmp_path_factory.mktemp("gpu_bundles")
+    lines = []
+    manifest = g.build(out, BUILD_OPS, nvcc=HAVE_NVCC, log=lines.append)
+    return out, manifest, lines
+
+
+def test_build_writes_small_complete_bundles(built):
+    out, manifest, lines = built
+    assert [w["name"] for w in manifest["workloads"]] == ["GMM:0", "SFM:0", "NRM:0"]
+    size = sum(p.stat().st_size for p in out.iterdir())
+    assert size < 1 * 2**20 and size < g.MAX_DIR_BYTES
+    assert json.loads((out / g.MANIFEST).read_text()) == manifest
+    assert manifest["arch"] == "sm_90" and manifest["device"]["name"].startswith("NVIDIA H200")
+    for w in manifest["workloads"]:
+        assert w["args"][-1][1] == "float32" and w["tol"] > 0 and w["flops"] > 0
+        assert set(w["params"]) >= ({"b", "n", "m", "k"} if w["cls"] == "GMM" else set())
+        assert "bundle" in w["dlight"], w["dlight"]  # dlight schedules all three
+        # roller's scheduler is another engineer's work in progress: any outcome is recorded
+        assert sum(k in w["roller"] for k in ("bundle", "declined", "error")) == 1
+        for impl in ("roller", "dlight"):
+            rec = w[impl]
+            if "bundle" not in rec:
+                continue
+            bundle = json.loads(g.read_gz(out / rec["bundle"]))
+            assert [list(p["shape"]) for p in bundle["params"]] == [a[0] for a in w["args"]]
+            assert rec["launches"] == [[l["name"], l["grid"], l["block"], l["dyn_smem_bytes"]]
+                                       for l in bundle["launches"]]
+            if HAVE_NVCC:
+                assert g.read_gz(out / rec["cubin"])[:4] == b"\x7fELF"
+                assert set(rec["kernels"]) == {l["name"] for l in bundle["launches"]}
+            cp = FakeCupy()
+            launcher = g.Launcher(bundle, cp)
+            launcher([Buf(p["name"]) for p in bundle["params"]])
+            assert len(cp.calls) == len(bundle["launches"])
+    assert any("GMM:0" in l for l in lines) and "MiB" in lines[-1]
+
+
+def test_build_again_replaces_old_bundles(built, tmp_path):
+    pytest.importorskip("tvm")
+    (tmp_path / "OLD_0.dlight.json.gz").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("mine")
+    g.build(tmp_path, "SFM:0", nvcc=False, log=lambda s: None)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert "OLD_0.dlight.json.gz" not in names and "notes.txt" in names
+
+
+def test_workload_selection():
+    pytest.importorskip("tvm")
+    g._repo_on_path()
+    specs = g._workload_specs(None)
+    assert len(specs) == 52 + 3 and specs[-3:] == [(n, "hgemm", None) for n in g.HGEMMS]
+    assert g._workload_specs("GMM:1,HGEMM:1024") == [("GMM:1", "suite", ("GMM", 1)),
+                                                     ("HGEMM:1024", "hgemm", None)]
+    assert [s[0] for s in g._workload_specs("HGEMM")] == list(g.HGEMMS)
+    with pytest.raises(SystemExit, match="HGEMM:7"):
+        g._workload_specs("HGEMM:7")
+    wls = [{"name": n} for n in ("GMM:0", "GMM:1", "SFM:0", "HGEMM:1024")]
+    assert [w["name"] for w in g.select(wls, "gmm,HGEMM:1024")] == ["GMM:0", "GMM:1", "HGEMM:1024"]
+
+
+def test_run_half_needs_no_tvm(built):
+    """The GPU machine has no TVM: with tvm and tvm_roller made unimportable, the run half reads
+    the manifest, loads every bundle with a (fake) CuPy and evaluates the torch ops."""
+    out, _, _ = built
+    code = FAKE_CUPY + f'''
+import importlib.util, json, sys
+sys.modules["tvm"] = None
+sys.modules["tvm_roller"] = None
+spec = importlib.util.spec_from_file_location("gpu_check", {str(SCRIPT)!r})
+g = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(g)
+import torch
+d = {str(out)!r}
+m = g.load_manifest(g.Path(d))
+n = 0
+for w in g.select(m["workloads"], "GMM,SFM:0"):
+    gen = torch.Generator().manual_seed(0)
+    ins = [g.random_tensor(s, dt, gen, device="cpu") for s, dt in w["args"][:-1]]
+    fn, back = g.torch_op(w["cls"], w["params"], [x.double() for x in ins])
+    assert list(back(fn()).shape) == w["args"][-1][0]
+    for impl in ("roller", "dlight"):
+        if "bundle" in w[impl]:
+            b = json.loads(g.read_gz(g.Path(d) / w[impl]["bundle"]))
+            cp = FakeCupy()
+            g.Launcher(b, cp)([object() for _ in b["params"]])
+            n += len(cp.calls)
+assert "tvm" not in [k for k, v in sys.modules.items() if v is not None]
+print("launches", n)
+'''
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"launches [1-9]", res.stdout)
+
+
+def test_load_all_compiles_every_bundle_ahead(built):
+    out, manifest, _ = built
+    cp = FakeCupy()
+    loaded = g.load_all(manifest["workloads"], out, cp, workers=3)
+    expect = {(w["name"], i) for w in manifest["workloads"] for i in ("roller", "dlight")
+              if "bundle" in w[i]}
+    assert set(loaded) == expect
+    for (name, impl), res in loaded.items():
+        bundle, cubin_path, (mod, how), secs = res
+        assert mod.code == bundle["source"] and how.startswith("nvrtc") and secs >= 0
+        assert (cubin_path is not None) == HAVE_NVCC
+        g.Launcher(bundle, cp, module=(mod, how))  # no second compile
+    assert len(cp.modules) == len(expect)
+    # a load that fails is recorded, not raised (check_workload retries it on demand)
+    g._LOAD_PREF.clear()
+    bad = g.load_all(manifest["workloads"], out, FakeCupy(reject=lambda o: True, reject_cubin=True))
+    assert set(bad) == expect and all(isinstance(v, RuntimeError) for v in bad.values())
+
+
+def test_run_replayed_on_cpu(built, tmp_path, monkeypatch):
+    """run() end to end with CPU tensors, a fake CuPy whose kernels do nothing and host-clock
+    CUDA events: every step but the kernels themselves (which therefore leave NaN: ERR)."""
+    import contextlib
+    import time as _time
+    import types
+
+    torch = pytest.importorskip("torch")
+    out, _, _ = built
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = _time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    cuda = types.SimpleNamespace(
+        Event=Event, synchronize=lambda: None, _sleep=lambda cycles: None, empty_cache=lambda: None,
+        Stream=lambda: types.SimpleNamespace(cuda_stream=0), stream=lambda s: contextlib.nullcontext(),
+        get_device_properties=lambda i: types.SimpleNamespace(
+            name="fake H200", multi_processor_count=132, total_memory=141 * 2**30, major=9, minor=0,
+            L2_cache_size=50 * 2**20))
+    for k, v in vars(cuda).items():
+        monkeypatch.setattr(torch.cuda, k, v, raising=False)
+    cp = FakeCupy()
+    cp.cuda = types.SimpleNamespace(ExternalStream=lambda ptr: contextlib.nullcontext())
+    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(g, "DEVICE", "cpu")
+    lines = []
+    res = g.run(out, ops=None, budget_s=120, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
+                log=lines.append)
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {"GMM:0", "SFM:0", "NRM:0"}
+    for r in rows.values():
+        assert r["torch"]["status"] == "ok" and r["torch"]["us"] > 0, r["torch"]
+        assert r["dlight"]["status"] == "wrong" and r["dlight"]["rel_err"] == float("inf")  # nothing ran
+        assert r["dlight"]["loaded_by"].startswith("nvrtc") and r["dlight"]["us"] > 0
+        assert r["copies"] >= 2
+    launched = {c["name"] for c in cp.calls}
+    assert "main_kernel" in launched
+    assert res["summary"]["workloads"] == 3 and res["summary"]["geomean_vs_dlight"] is None
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["summary"]["workloads"] == 3 and saved["device"]["name"] == "fake H200"
+    assert (tmp_path / "gpu_check.md").read_text().startswith("| workload |")
+    assert any(l.startswith("compiled ") for l in lines)
+    # out of budget: the rest are reported as skipped, not run
+    res = g.run(out, ops=None, budget_s=1, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
+                log=lambda s: None)
+    assert all(r["roller"]["status"] == "skipped" for r in res["rows"])
