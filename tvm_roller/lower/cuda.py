@@ -21,14 +21,16 @@ import math
 from typing import List, Optional
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, sym, tirx
+from tvm.ir.expr import TensorLoad
 
 from ..analysis import FuncAnalysis
+from ..analysis.visit import post_order_visit
 from ..errors import UnsupportedError
 from ..hardware import DeviceModel
 from ..hardware.model import DTYPE_BYTES
 from ..rtile import RTile
-from .common import axis_loops, block_names, extent, is_reduction, perfect_split
+from .common import axis_loops, block_names, extent, is_reduction, perfect_split, realize_of
 
 _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
 _UNROLL_STEP = 256
@@ -48,6 +50,57 @@ def _vector_lanes(dtype: str) -> int:
     return max(1, _VECTOR_BYTES // DTYPE_BYTES.get(dtype, 4))
 
 
+def _aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
+    """The widest vector (<= ``lanes``) every access of ``block`` can use along ``loop``: each
+    access must step by one element along it, from an address that is a multiple of the vector
+    for every value of the other loops (a misaligned float4 faults on the GPU), and no access may
+    sit under a condition (padding). 1 when none can."""
+    blk = sch.get(block)
+    var = sch.get(loop).loop_var
+    # two analyzers that substitute the block's iterators by their loop bindings, the second
+    # with ``loop`` at 0 as well (where a vector would start)
+    full, at_zero = sym.Analyzer(), sym.Analyzer()
+    at_zero.bind(var, tirx.const(0, var.ty.dtype))
+    for iv, value in zip(blk.iter_vars, realize_of(sch, block).iter_values):
+        full.bind(iv.var, value)
+        at_zero.bind(iv.var, value)
+    accesses, conditional = [], []
+
+    def visit(node):
+        if isinstance(node, (TensorLoad, tirx.BufferStore)):
+            accesses.append(node)
+        name = str(getattr(getattr(node, "op", None), "name", ""))
+        if isinstance(node, tirx.Select) or name.endswith("if_then_else"):
+            conditional.append(node)
+
+    post_order_visit(blk.body, visit)
+    if conditional or not accesses:
+        return 1
+    ext = extent(sch, loop) or 1
+    starts = []
+    for node in accesses:
+        buf = node.buffer if isinstance(node, tirx.BufferStore) else node.source
+        idx = full.simplify(node.indices[-1])
+        start = at_zero.simplify(node.indices[-1])
+        step = full.simplify(idx - start)
+        if _is_zero(step):
+            continue  # does not move along the loop: one value broadcast to every lane
+        last = buf.shape[-1]
+        if not (_is_zero(full.simplify(step - var)) and isinstance(last, tirx.IntImm)):
+            return 1  # strided or gathered along the loop
+        starts.append((int(last), full.modular_set(start)))
+    while lanes > 1:
+        if ext % lanes == 0 and all(last % lanes == 0 and m.coeff % lanes == 0 and
+                                    m.base % lanes == 0 for last, m in starts):
+            return lanes
+        lanes //= 2
+    return 1
+
+
+def _is_zero(e) -> bool:
+    return isinstance(e, tirx.IntImm) and int(e) == 0
+
+
 def _cooperative_fetch(sch: s_tir.Schedule, block, threads: int, dtype: str) -> None:
     """All threads of the block copy a tile: fused loops split over threadIdx.x, the innermost
     split a 16-byte vector when the tile's rows allow it."""
@@ -55,12 +108,9 @@ def _cooperative_fetch(sch: s_tir.Schedule, block, threads: int, dtype: str) -> 
     inner = sch.get_loops(block)[-len(sch.get(block).iter_vars):]
     if not inner:
         return
-    row = extent(sch, inner[-1]) or 1
     total = math.prod(extent(sch, l) or 1 for l in inner)
+    vec = _aligned_lanes(sch, block, inner[-1], _vector_lanes(dtype))
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-    vec = _vector_lanes(dtype)
-    while vec > 1 and (row % vec or total % vec):
-        vec //= 2
     if vec > 1 and total >= vec * threads:
         _, tx, v = sch.split(fused, [None, threads, vec])
         sch.vectorize(v)
@@ -87,11 +137,29 @@ def _pad_rows(sch: s_tir.Schedule, block, dtype: str, dev: DeviceModel) -> Optio
 
 
 # -- tiled -----------------------------------------------------------------------------------
-def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
+class _VariableWindow(Exception):
+    """An input's window per reduction step has a loop-dependent extent."""
+
+
+def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
+                global_inputs: frozenset = frozenset()) -> s_tir.Schedule:
     if t.tensor_core:
         from .cuda_tensorcore import apply_tensorcore
 
         return apply_tensorcore(func, fa, t)
+    try:
+        return _apply_tiled(func, fa, t, dev, global_inputs)
+    except _VariableWindow as err:
+        # e.g. a transposed convolution's stride-parity window: TVM cannot allocate a shared
+        # tile whose size changes from step to step, so that input is read from global memory
+        name = str(err)
+        t.notes.append(f"{name}: window size varies with the reduction step, read from global "
+                       "memory (no shared-memory tile)")
+        return apply_tiled(func, fa, t, dev, global_inputs | {name})
+
+
+def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
+                 global_inputs: frozenset) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     main = sch.get_sblock(fa.main)
     loops = axis_loops(sch, main)
@@ -100,20 +168,14 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Sch
     grid, thr, reg, ko, ki = [], [], [], [], []
     vec_thr, vec_reg = [], []
     for i in S:
+        # a thread's outputs are contiguous along each axis: the accumulators' write-back then
+        # covers exactly them (an interleaved layout would make its region the hull over other
+        # threads' outputs, which the CPU replica caught)
         r = t.reg[i]
-        if i == v and r > 4 and r % 4 == 0:
-            # a thread's outputs along the contiguous axis in 4-wide pieces a block-row apart:
-            # each warp then reads and writes whole 16-byte vectors side by side (coalesced,
-            # no shared-memory bank conflicts)
-            g, ro, th, vi = perfect_split(sch, loops[i], fa.axes[i].extent,
-                                          [r // 4, t.l1[i] // r, 4])
-            grid.append(g); vec_thr.append(th); vec_reg += [ro, vi]
-            continue
         g, th, rr = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i] // r, r])
-        if i == v:
-            grid.append(g); vec_thr.append(th); vec_reg.append(rr)
-        else:
-            grid.append(g); thr.append(th); reg.append(rr)
+        grid.append(g)
+        (vec_thr if i == v else thr).append(th)
+        (vec_reg if i == v else reg).append(rr)
     for i in R:
         o, inner = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
         ko.append(o); ki.append(inner)
@@ -124,7 +186,10 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Sch
     tx = sch.fuse(*thr) if len(thr) > 1 else thr[0]
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    k = (sch.fuse(*ko) if len(ko) > 1 else ko[0]) if ko else None
+    # the fetch sits under the innermost chunk loop; fusing the chunk loops instead would make
+    # the fetched window's extent depend on the loop (stride-parity prologues of transposed
+    # convolutions), which TVM cannot allocate
+    k = ko[-1] if ko else None
 
     # accumulators in registers, the epilogue folded into their write-back
     wb = sch.cache_write(main, 0, "local")
@@ -132,14 +197,14 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Sch
     for name in fa.consumers:
         _try(f"inlining epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
     wb_loops = sch.get_loops(wb)
-    out_dtype = str(sch.get(wb).writes[0].source.dtype)
-    lanes = _vector_lanes(out_dtype)
-    inner_ext = extent(sch, wb_loops[-1]) or 1
-    if v == S[-1] and inner_ext % lanes == 0 and inner_ext > 1:
-        _, vi = sch.split(wb_loops[-1], [None, lanes])
+    lanes = _aligned_lanes(sch, wb, wb_loops[-1],
+                           _vector_lanes(str(sch.get(wb).writes[0].source.dtype)))
+    if lanes > 1:
+        if (extent(sch, wb_loops[-1]) or 1) > lanes:
+            _, vi = sch.split(wb_loops[-1], [None, lanes])
+        else:
+            vi = wb_loops[-1]
         sch.vectorize(vi)
-    elif 1 < inner_ext <= lanes and v == S[-1] and inner_ext in (2, 4):
-        sch.vectorize(wb_loops[-1])
 
     # each input's chunk staged in shared memory; prologues (padding) inlined into the fetch
     threads = t.threads
@@ -149,8 +214,14 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Sch
         read_idx = [i for i, r in enumerate(blk.reads) if r.source.name not in outs]
         fetches = []
         for i in read_idx:
+            name = blk.reads[i].source.name
+            if name in global_inputs:
+                continue
             s = sch.cache_read(main, i, "shared")
             sch.compute_at(s, k, preserve_unit_loops=True)
+            if any(extent(sch, l) is None for l in
+                   sch.get_loops(s)[-len(sch.get(s).iter_vars):]):
+                raise _VariableWindow(name)
             fetches.append(s)
         for name in reversed(fa.producers):
             _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
@@ -166,7 +237,7 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Sch
             sch.annotate(k, "software_pipeline_order", list(range(n + 1)))
             if _async_copy(dev):
                 sch.annotate(k, "software_pipeline_async_stages", [0])
-        sch.decompose_reduction(main, k)
+        sch.decompose_reduction(main, ko[0])
     else:
         for name in reversed(fa.producers):
             _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
@@ -183,12 +254,9 @@ def _async_copy(dev: DeviceModel) -> bool:
 def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str, vectorize: bool) -> None:
     """One element (or one 16-byte vector) per thread over the block's fused loops."""
     loops = sch.get_loops(block)
-    row = extent(sch, loops[-1]) or 1
     total = math.prod(extent(sch, l) or 1 for l in loops)
+    vec = _aligned_lanes(sch, block, loops[-1], _vector_lanes(dtype)) if vectorize else 1
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    vec = _vector_lanes(dtype) if vectorize else 1
-    while vec > 1 and (row % vec or total % vec):
-        vec //= 2
     threads = min(threads, max(32, -(-total // vec // 32) * 32))
     if vec > 1:
         bx, tx, vi = sch.split(fused, [None, threads, vec])
