@@ -79,7 +79,7 @@ TENSOR_CORE_SHAPES = (WMMA, MMA)
 
 SMEM_SCOPE = "shared.dyn"
 AB_PAD = 8  # halves appended to every row of the A/B tiles (16 B: keeps ldm a multiple of 8)
-C_PAD = 4  # floats appended to every row of the accumulator staging tile (16 B)
+C_PAD = 4  # floats appended to every row of the accumulator staging tile (16 B), at least
 VEC_AB = 8  # halves per global -> shared vector (16 B)
 VEC_C = 4  # elements per epilogue vector (a float4 from shared)
 MAX_WARP_TILE = 64 * 64  # WM * WN: the accumulator is WM*WN/32 fp32 registers per thread
@@ -249,8 +249,21 @@ def _smem_tiles(g: Gemm, tile: RTile) -> Dict[str, Tuple[int, int, int]]:
     bm, bn, bk, _, _ = _tile_dims(g, tile)
     a_rows, a_cols = (bk, bm) if g.trans_a else (bm, bk)
     b_rows, b_cols = (bn, bk) if g.trans_b else (bk, bn)
-    return {"A": (a_rows, a_cols + AB_PAD, 2), "B": (b_rows, b_cols + AB_PAD, 2),
-            "C": (bm, bn + C_PAD, 4)}
+    a, b = (a_rows, a_cols + AB_PAD, 2), (b_rows, b_cols + AB_PAD, 2)
+    # TVM 0.27's StorageRewrite reuses a dead fp16 A or B tile for the fp32 staging tile when
+    # that one is no larger, and then fails ("tvm_access_ptr element type must match"): pad the
+    # staging rows until it is larger than either (free: the A/B stages together are larger
+    # still, and dynamic shared memory overlays the staging tile on them)
+    biggest = max(r * c * e for r, c, e in (a, b)) * max(1, tile.stages)
+    pad = C_PAD
+    while bm * (bn + pad) * 4 <= biggest:
+        pad += 8  # stays 16-byte aligned, rows keep shifting by 4 banks
+    return {"A": a, "B": b, "C": (bm, bn + pad, 4)}
+
+
+def _c_row(g: Gemm, tile: RTile) -> int:
+    """Padded row length (floats) of the accumulator staging tile."""
+    return _smem_tiles(g, tile)["C"][1]
 
 
 def smem_bytes(fa: FuncAnalysis, tile: RTile) -> int:
@@ -1063,7 +1076,9 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
                                f"intrinsics ({type(e).__name__}: {str(e).splitlines()[-1]})") \
             from None
     # pad the staging tile's rows (set on the tensorized block: tensorize drops block attributes)
-    sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=16, offset=C_PAD)
+    # stride = the padded row exactly: the smallest s >= bn with s % (row + 16) == row
+    row = _c_row(g, tile)
+    sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=row + 16, offset=row)
     return sch
 
 
