@@ -97,25 +97,13 @@ def _repo_on_path() -> None:
 
 
 def _hgemm_funcs() -> Dict[str, Callable[[], Any]]:
-    """fp16 GEMMs: tvm_roller.suite.gpu_workloads when present, else the same te definition."""
-    try:
-        from tvm_roller.suite import gpu_workloads
+    """fp16 GEMMs from tvm_roller.suite.gpu_workloads (``HGEMMS`` repeats their shapes for the
+    TVM-free run side)."""
+    from tvm_roller.suite import gpu_workloads
 
-        return {name: (lambda n=name: gpu_workloads.create(n)) for name in HGEMMS}
-    except ImportError:
-        pass
-    from tvm import te
-
-    def gemm(M: int, N: int, K: int):
-        A = te.placeholder((M, K), "float16", name="A")
-        B = te.placeholder((K, N), "float16", name="B")
-        k = te.reduce_axis((0, K), name="k")
-        acc = te.compute((M, N), lambda i, j: te.sum(
-            A[i, k].astype("float32") * B[k, j].astype("float32"), axis=k), name="matmul")
-        C = te.compute((M, N), lambda i, j: acc[i, j].astype("float16"), name="C")
-        return te.create_prim_func([A, B, C]).with_attr("global_symbol", "main")
-
-    return {name: (lambda s=shape: gemm(*s)) for name, shape in HGEMMS.items()}
+    if {n: tuple(s) for n, s in gpu_workloads.FP16_GEMMS.items()} != HGEMMS:
+        raise RuntimeError("gpu_check.HGEMMS and suite.gpu_workloads.FP16_GEMMS disagree")
+    return {name: (lambda n=name: gpu_workloads.create(n)) for name in HGEMMS}
 
 
 def _workload_specs(ops: Optional[str]) -> List[Tuple[str, str, Optional[Tuple[str, int]]]]:
@@ -141,12 +129,10 @@ def _workload_specs(ops: Optional[str]) -> List[Tuple[str, str, Optional[Tuple[s
 
 def _dlight(func, target):
     import tvm
-    from tvm.s_tir import dlight as dl
 
-    with target:
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(
-            tvm.IRModule({"main": func}))
+    from tvm_roller.api import default_gpu_schedule
+
+    return default_gpu_schedule(tvm.IRModule({"main": func}), target)
 
 
 def _one_line(err: BaseException) -> str:
@@ -203,7 +189,6 @@ def build(out: Path, ops: Optional[str] = None, nvcc: bool = True,
     target = tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": ARCH})
     dev = hardware.preset("h200")
     # roller's schedules compile under its PassContext (cp.async); dlight's under TVM's default
-    roller_ctx = getattr(tvm_roller.api, "pass_context", None)
     hgemm = _hgemm_funcs()
     entries = []
     t_all = time.perf_counter()
@@ -228,8 +213,7 @@ def build(out: Path, ops: Optional[str] = None, nvcc: bool = True,
 
         def roller():
             sch = tvm_roller.schedule(func, target, device=dev)
-            ctx = roller_ctx(target) if roller_ctx else tvm.transform.PassContext(opt_level=3)
-            return sch.mod, ctx
+            return sch.mod, tvm_roller.api.pass_context(target)
 
         def dlight():
             return _dlight(func, target), tvm.transform.PassContext()
