@@ -206,3 +206,16 @@ def test_relax_model_functions():
             assert_close(run(lib, ins, out_shape, out_dt), ref, 1e-4)
             n_checked += 1
         assert n_checked >= 15, (name, n_checked)
+
+
+def test_fp16_gemm_odd_shape_on_cuda_cores():
+    """An fp16 GEMM tensor cores cannot take (13x17x19): CUDA cores, fp32 accumulation."""
+    from tvm_roller.suite import gpu_workloads
+
+    func = gpu_workloads.fp16_gemm(13, 17, 19)
+    a = rand((13, 19), "float32", 1).astype("float16")
+    b = rand((19, 17), "float32", 2).astype("float16")
+    outs, p = _replica_output(func, [a, b])
+    assert not p.tiles[0].tensor_core
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert_close(outs[0].astype(np.float64), ref, 2e-3)  # one fp16 rounding of the output

@@ -42,13 +42,20 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     import tvm_roller
     from tvm_roller.suite import workloads
 
-    wls = workloads.list_workloads(args.op)
-    for cls, idx in wls:
-        func = workloads.create(cls, idx)
-        target = _target(args.target) or {"kind": "llvm"}
-        if len(wls) > 1:
-            print(f"== {workloads.workload_name(cls, idx)} ==")
-        print(tvm_roller.explain(func, target))
+    from tvm_roller.hardware import preset
+    from tvm_roller.suite import gpu_workloads
+
+    device = preset(args.device) if args.device else None
+    if args.op.upper().startswith("HGEMM"):  # the fp16 GEMMs of the CUDA checks
+        funcs = [(args.op.upper(), gpu_workloads.create(args.op.upper()))]
+    else:
+        funcs = [(workloads.workload_name(c, i), workloads.create(c, i))
+                 for c, i in workloads.list_workloads(args.op)]
+    target = _target(args.target) or {"kind": "llvm"}
+    for name, func in funcs:
+        if len(funcs) > 1:
+            print(f"== {name} ==")
+        print(tvm_roller.explain(func, target, device=device))
     return 0
 
 
@@ -141,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="print roller's plan for a suite workload")
     e.add_argument("--op", required=True, help="CLASS:INDEX, e.g. GMM:1 (a bare CLASS explains all 4)")
     e.add_argument("--target", default=None, help=_TARGET_HELP)
+    e.add_argument("--device", default=None,
+                   help="a device preset to plan for (e.g. h200, which has no TVM tag)")
     e.set_defaults(fn=_cmd_explain)
 
     m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
