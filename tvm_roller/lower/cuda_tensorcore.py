@@ -69,9 +69,9 @@ from tvm import s_tir
 
 from ..analysis import FuncAnalysis, unwrap_func
 from ..analysis.access import build_access
-from ..analysis.visit import post_order_visit
 from ..errors import UnsupportedError
 from ..rtile import RTile
+from .common import axis_loops
 
 WMMA = "wmma_16x16x16_f16f32"
 MMA = "mma_m16n8k16_f16f32"
@@ -425,23 +425,32 @@ def _frag_index(buf, stride):
     return (buf.elem_offset // stride // FRAG) * (stride // FRAG) + buf.elem_offset % stride // FRAG
 
 
+def _copy_desc(dtype: str, src_scope: str, dst_scope: str):
+    """What a fragment load or store computes: a 16x16 copy between two scopes."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 16), dtype, align=64, offset_factor=16, scope=src_scope)
+        C = T.match_buffer(c, (16, 16), dtype, align=64, offset_factor=16, scope=dst_scope)
+        with T.sblock("root"):
+            T.reads(A[0:16, 0:16])
+            T.writes(C[0:16, 0:16])
+            for i, j in T.grid(16, 16):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = A[vi, vj]
+
+    return desc
+
+
 def _wmma_load(operand: str, col_major: bool, scope: str):
     from tvm.script import tirx as T
 
     frag_scope = f"wmma.matrix_{operand}"
     layout = "col_major" if col_major else "row_major"
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 16), "float16", align=64, offset_factor=16, scope=scope)
-        C = T.match_buffer(c, (16, 16), "float16", align=64, offset_factor=16, scope=frag_scope)
-        with T.sblock("root"):
-            T.reads(A[0:16, 0:16])
-            T.writes(C[0:16, 0:16])
-            for i, j in T.grid(16, 16):
-                with T.sblock("load"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = A[vi, vj]
+    desc = _copy_desc("float16", scope, frag_scope)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, c: T.handle) -> None:
@@ -496,18 +505,7 @@ def _wmma_fill():
 def _wmma_store(scope: str):
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 16), "float32", align=64, offset_factor=16,
-                           scope="wmma.accumulator")
-        C = T.match_buffer(c, (16, 16), "float32", align=64, offset_factor=16, scope=scope)
-        with T.sblock("root"):
-            T.reads(A[0:16, 0:16])
-            T.writes(C[0:16, 0:16])
-            for i, j in T.grid(16, 16):
-                with T.sblock("store"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = A[vi, vj]
+    desc = _copy_desc("float32", "wmma.accumulator", scope)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, c: T.handle) -> None:
@@ -833,30 +831,6 @@ def mma_intrinsics(trans_b: bool, scope: str = SMEM_SCOPE) -> Dict[str, str]:
 # ------------------------------------------------------------------------------------------------
 # The schedule
 # ------------------------------------------------------------------------------------------------
-def _axis_loops(sch: s_tir.Schedule, block) -> list:
-    """The loops of ``block`` in the order of its iteration variables (each bound to one loop)."""
-    loops = sch.get_loops(block)
-    loop_vars = [sch.get(l).loop_var for l in loops]
-    name = sch.get(block).name_hint
-    found = []
-
-    def f(node):
-        if isinstance(node, s_tir.stmt.SBlockRealize) and node.block.name_hint == name:
-            found.append(node)
-
-    post_order_visit(sch.get(loops[0]) if loops else sch.get(sch.get_sblock("root")), f)
-    if len(found) != 1:
-        raise UnsupportedError(f"tensor cores: cannot find block {name}'s loop nest")
-    out = []
-    for iv, val in zip(found[0].block.iter_vars, found[0].iter_values):
-        hit = [l for l, lv in zip(loops, loop_vars) if lv.same_as(val)]
-        if len(hit) != 1:
-            raise UnsupportedError(f"tensor cores: iterator {iv.var} of {name} is not bound to "
-                                   "one loop")
-        out.append(hit[0])
-    return out
-
-
 def _read_index(sch: s_tir.Schedule, block, name: str) -> int:
     reads = sch.get(block).reads
     for i, r in enumerate(reads):
@@ -973,7 +947,7 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
 
     sch = s_tir.Schedule(func)
     main = sch.get_sblock(fa.main)
-    loops = _axis_loops(sch, main)
+    loops = axis_loops(sch, main)
     lb = [loops[i] for i in g.batch]
     m0, m1, m2, m3 = sch.split(loops[g.m], [None, warps_m, wm // FRAG, FRAG])
     n0, n1, n2, n3 = sch.split(loops[g.n], [None, warps_n, wn // FRAG, FRAG])
