@@ -251,8 +251,10 @@ def test_declined_functions_are_reported(tmp_path, caplog):
 
 def test_bad_inputs(tmp_path):
     func = _matmul_bias_relu(8, 8, 8)
-    with pytest.raises(UnsupportedError, match="cuda"):
-        rms.tune(func, {"kind": "cuda", "arch": "sm_90"}, tmp_path / "a")
+    with pytest.raises(UnsupportedError, match="rocm"):
+        rms.tune(func, {"kind": "rocm"}, tmp_path / "a")
+    with pytest.raises(UnsupportedError, match="compute capability"):
+        rms.tune(func, {"kind": "cuda", "arch": "sm_86"}, tmp_path / "a2")
     with pytest.raises(ValueError, match="parent"):
         rms.tune(func, TARGET, tmp_path / "missing" / "db", device=device())
     with pytest.raises(ValueError, match="topk"):

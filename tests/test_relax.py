@@ -54,7 +54,7 @@ def test_dlight_rule_schedules_and_declines():
     assert_close(c.numpy(), a.astype(np.float64) @ b, 2e-5)
 
 
-def test_dlight_rule_returns_none_for_gpu_targets_and_symbolic_shapes():
+def test_dlight_rule_returns_none_for_unsupported_gpus_and_symbolic_shapes():
     rule = tvm_roller.dlight.Roller()
     n = te.var("n")
     A = te.placeholder((n, 8), name="A")
@@ -63,7 +63,10 @@ def test_dlight_rule_returns_none_for_gpu_targets_and_symbolic_shapes():
     assert rule.apply(sym, tvm.target.Target(TARGET), False) is None
     assert "symbolic" in rule.declined["main"]
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
-    assert rule.apply(_gemm(64, 64, 64, "g"), cuda, False) is None  # no CUDA backend yet
+    assert rule.apply(_gemm(64, 64, 64, "g"), cuda, False) is not None  # the CUDA backend
+    sm86 = tvm.target.Target({"kind": "cuda", "arch": "sm_86"})  # no preset: declined, reported
+    assert rule.apply(_gemm(64, 64, 64, "g"), sm86, False) is None
+    assert "compute capability 8.6" in rule.declined["g"]
 
 
 # -- Relax pipeline -------------------------------------------------------------------------------

@@ -3,13 +3,14 @@
 Tiled (reuse-heavy) functions, on CUDA cores (fp16 GEMMs go to ``cuda_tensorcore``):
 
     blockIdx.x (fused block tiles) · threadIdx.x (fused thread tiles, the output's contiguous
-    axis innermost so neighbouring threads write neighbouring outputs) · k (fused reduction
-    chunks, software-pipelined) · reduction chunk · register tile (unrolled)
+    axis innermost so neighbouring threads write neighbouring outputs) · reduction chunks (the
+    innermost one software-pipelined, cp.async on sm_80+) · chunk · register tile (unrolled)
 
-Every input's chunk is fetched into shared memory cooperatively by the whole block with 16-byte
-vector accesses, rows padded (``storage_align``) when a row spans all 32 banks; padding and
-other prologues are inlined into that fetch; the accumulators live in registers and the
-elementwise epilogue is folded into their write-back.
+Every input's chunk is fetched into shared memory cooperatively by the whole block, with 16-byte
+vector accesses where every address is provably aligned, rows padded (``storage_align``) when a
+row spans all 32 banks; padding and other prologues are inlined into that fetch (an input whose
+window changes size from step to step is read from global memory instead); the accumulators
+live in registers and the elementwise epilogue is folded into their write-back.
 
 Memory-bound functions: rows (the spatial axes every block shares) map to thread blocks and a
 row's reduction to the block's threads, which TVM lowers to warp shuffles plus one shared-memory
