@@ -1,6 +1,7 @@
 """Public entry points: schedule, build, explain."""
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from .hardware import DeviceModel
 from .rtile import RTile
 
 TargetLike = Union[tvm.target.Target, dict, str]
+logger = logging.getLogger("tvm_roller")
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Plan:
     tiles: List[RTile]
     target_notes: List[str] = field(default_factory=list)
     construct_s: float = 0.0
+    chain: Optional[object] = None  # a fusion.chain.GemmChain when the function is one
+    fusion: Optional[object] = None  # the fusion.movement.ChainPlan deciding fused or not
 
 
 _BACKENDS = {"llvm": "cpu", "cuda": "cuda"}
@@ -74,13 +78,39 @@ def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] 
     backend = _backend(tgt)
     fa = analyze(func, backend)
     tiles = (policy_gpu if backend == "cuda" else policy).construct(fa, dev, topk)
-    return Plan(fa, tgt, dev, tiles, notes, time.perf_counter() - t0)
+    p = Plan(fa, tgt, dev, tiles, notes)
+    if backend == "cpu":
+        _plan_fusion(p)
+    p.construct_s = time.perf_counter() - t0
+    return p
+
+
+def _plan_fusion(p: Plan) -> None:
+    """A chain of two matmuls (Chimera): plan the fused kernel and decide whether it pays."""
+    from .fusion.chain import detect_chain
+    from .fusion.planner import plan_gemm_chain
+
+    chain = detect_chain(p.analysis.func)
+    if chain is None:
+        return
+    p.chain = chain
+    p.fusion = plan_gemm_chain(chain, p.device)
+    logger.info("tvm_roller: GEMM chain %s -> %s: %s (%s)", chain.first, chain.second,
+                "fused" if p.fusion.fuse else "not fused", p.fusion.reason)
 
 
 def apply(p: Plan, tile: RTile) -> s_tir.Schedule:
     from .lower import cpu, cuda
 
     func = p.analysis.func
+    if p.chain is not None:  # the chain's own kernels: fused, or its operators in turn
+        from .fusion import lower_cpu
+        from .fusion.planner import rows_per_task
+
+        rows = rows_per_task(p.chain, p.fusion, p.device)
+        lanes = p.device.simd_lanes(p.chain.dtype)
+        how = lower_cpu.apply_fused if p.fusion.fuse else lower_cpu.apply_unfused
+        return how(func, p.chain, rows, lanes)
     if tile.backend == "cuda":
         if tile.kind == "tiled":
             return cuda.apply_tiled(func, p.analysis, tile, p.device)
@@ -168,4 +198,8 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
             lines.append(f"    L2/task tile  {t.l2}")
         lines.append("    terms (s): " + ", ".join(f"{k}={v:.3g}" for k, v in t.terms.items()))
     lines += [f"alignment: {n}" for n in best.notes]
+    if p.chain is not None:
+        from .fusion.planner import describe
+
+        lines += describe(p.chain, p.fusion)
     return "\n".join(lines)

@@ -75,7 +75,7 @@ def _is_relax(mod: tvm.IRModule) -> bool:
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The Relax module after roller's fusion passes: its PrimFuncs are the tasks."""
     with target:  # LegalizeOps picks target-specific legalizations
-        return fusion_passes()(mod)
+        return fusion_passes(gemm_chains=target.kind.name == "llvm")(mod)
 
 
 def extract_tasks(mod: Union[ModLike, "relax.Function"],

@@ -40,12 +40,13 @@ class FuncReport:
     reason: str = ""                # why roller declined (fallback only)
     cached: bool = False            # the plan came from the schedule cache
     schedule_s: float = 0.0         # time spent planning + scheduling this function
+    fusion: str = ""                # a matmul chain: "fused" / "unfused", and the model's reason
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def fusion_passes(fast_math: bool = True) -> tvm.transform.Pass:
+def fusion_passes(fast_math: bool = True, gemm_chains: bool = True) -> tvm.transform.Pass:
     """Legalize and fuse the way roller's pipeline does (elementwise epilogues join their producer).
 
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
@@ -56,13 +57,34 @@ def fusion_passes(fast_math: bool = True) -> tvm.transform.Pass:
     from . import fast_math as fm
 
     fast = [relax.transform.FastMathTransform()] if fast_math else []
-    return tvm.transform.Sequential(fast + [
+    # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
+    chains = [relax.transform.FoldConstant(), group_chains_pass()] if gemm_chains else []
+    return tvm.transform.Sequential(fast + chains + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
     ], name="RollerFusion")
+
+
+def group_chains_pass() -> tvm.transform.Pass:
+    """Group each matmul -> ... -> matmul chain of every Relax function into one primitive
+    function (``fusion.relax_pass``); roller's planner then fuses it or not."""
+    from .fusion.relax_pass import group_gemm_chains
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerGroupGemmChains")
+    def _group(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function) and not (func.attrs is not None and
+                                                         func.attrs.get("Primitive")):
+                mod, names = group_gemm_chains(mod, gv.name_hint)
+                if names:
+                    logger.info("tvm_roller: %d matmul chain(s) in %s grouped for fusion",
+                                len(names), gv.name_hint)
+        return mod
+
+    return _group
 
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
@@ -94,9 +116,12 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
                 continue
             new = sch.mod["main"].with_attr("tirx.is_scheduled", True)
             mod[gv] = new
+            fusion = ""
+            if p.fusion is not None:
+                fusion = f"{'fused' if p.fusion.fuse else 'unfused'}: {p.fusion.reason}"
             entries.append(FuncReport(name, "roller", p.analysis.kind, tile.to_dict(),
                                       tile.predicted_s, cached=cached,
-                                      schedule_s=time.perf_counter() - t0))
+                                      schedule_s=time.perf_counter() - t0, fusion=fusion))
         _summarise(entries)
         if report is not None:
             report.extend(e.to_dict() for e in entries)
@@ -125,7 +150,9 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         with tgt:
             seq = tvm.transform.Sequential(
                 stages.library_dispatch_passes(tgt)
-                + [fusion_passes(fast_math), roller] + _fallback_passes(tgt)
+                # chains are fused on CPUs only: the CUDA backend has no fused kernel yet
+                + [fusion_passes(fast_math, gemm_chains=tgt.kind.name == "llvm"), roller]
+                + _fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
             return seq(mod)

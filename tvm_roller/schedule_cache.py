@@ -51,7 +51,7 @@ import tvm_ffi
 from tvm import s_tir
 
 from .analysis import FuncAnalysis, analyze, unwrap_func
-from .api import Plan, TargetLike, apply, resolve_target
+from .api import Plan, TargetLike, _backend, _plan_fusion, apply, resolve_target
 from .api import plan as _plan
 from .hardware import DeviceModel
 from .hardware.cache import atomic_write, cache_dir
@@ -398,7 +398,8 @@ def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceMod
     """(plan, came_from_cache)."""
     t0 = time.perf_counter()
     tgt, dev, notes = resolve_target(target, device)
-    fa = analyze(func)  # raises UnsupportedError exactly as plan() would
+    backend = _backend(tgt)
+    fa = analyze(func, backend)  # raises UnsupportedError exactly as plan() would
     k = cache._key(fa.func, tgt, dev)
     tiles = cache._get(k, topk)
     if tiles is not None:
@@ -412,7 +413,11 @@ def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceMod
     if tiles is not None:
         names = [a.name for a in fa.axes]  # names are not in the hash: use this function's
         tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
-        return Plan(fa, tgt, dev, tiles, notes, time.perf_counter() - t0), True
+        p = Plan(fa, tgt, dev, tiles, notes)
+        if backend == "cpu":
+            _plan_fusion(p)  # a matmul chain: its fusion decision is re-made, it is cheap
+        p.construct_s = time.perf_counter() - t0
+        return p, True
     p = _plan(func, target, topk, device)
     _store(cache, k, p, topk)
     return p, False

@@ -1,0 +1,110 @@
+"""GEMM chains on the CPU: one fused kernel, or the operators one after another.
+
+Fused (Chimera's row-block order ``m · (l · k) · (n · l)``): the second operator's rows are split
+into blocks of ``rows`` (parallel tasks over batch x row blocks); inside a task the first operator
+computes its ``rows x l`` slice of the intermediate, the stages in between transform that slice,
+and the second operator consumes it, so the intermediate never leaves the core's cache (TVM
+allocates it per task, ``rows x l``). Unfused: each operator and stage in turn over all rows, the
+intermediate written to memory and read back.
+
+Both use the same register-tiled micro-kernel for the two matmuls (a few rows x two vectors of
+the output columns, the reduction outside the tile, unrolled and vectorized), so the comparison
+between them is about data movement only.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from tvm import s_tir
+
+from ..lower.common import extent, is_reduction
+from .chain import GemmChain
+
+_ROW_TILES = (6, 4, 3, 2, 1)
+
+
+def _largest_divisor(n: int, options) -> int:
+    return next((o for o in options if o <= n and n % o == 0), 1)
+
+
+def _micro_kernel(sch: s_tir.Schedule, name: str, lanes: int) -> None:
+    """The block's last three loops are (rows i, output columns j, reduction k): a register tile
+    of rm rows x rj columns accumulates over k."""
+    blk = sch.get_sblock(name)
+    i, j, k = sch.get_loops(blk)[-3:]
+    ei, ej = extent(sch, i) or 1, extent(sch, j) or 1
+    rm = _largest_divisor(ei, _ROW_TILES)
+    rj = _largest_divisor(ej, (2 * lanes, lanes, 8, 4, 2, 1))
+    vec = min(rj, lanes)
+    io, ii = sch.split(i, [None, rm])
+    jo, jv, ji = sch.split(j, [None, rj // vec, vec])
+    sch.reorder(io, jo, k, ii, jv, ji)
+    sch.unroll(ii)
+    sch.unroll(jv)
+    if vec > 1:
+        sch.vectorize(ji)
+    sch.decompose_reduction(blk, k)
+
+
+def _stage(sch: s_tir.Schedule, name: str, lanes: int) -> None:
+    """A stage between the matmuls, inside a row block: elementwise ones vectorized along the
+    row; a row reduction (softmax's max and sum) reduces all the block's rows at once, the
+    reduction outside and the rows as the vector (a serial chain per row would cost as much as
+    the matmuls)."""
+    blk = sch.get_sblock(name)
+    if is_reduction(sch, blk):
+        loops = sch.get_loops(blk)
+        kinds = [int(iv.iter_type) for iv in sch.get(blk).iter_vars]
+        n_red = sum(k == 2 for k in kinds)
+        if n_red == 1 and len(loops) >= 2 and kinds[-1] == 2:
+            row, red = loops[-2], loops[-1]
+            e = extent(sch, row) or 1
+            vec = _largest_divisor(e, (lanes, 8, 4, 2))
+            if vec > 1:  # vectorize first: TVM checks it on the block with its init
+                ro, ri = sch.split(row, [None, vec])
+                sch.reorder(ro, red, ri)
+                sch.vectorize(ri)
+                sch.decompose_reduction(blk, red)
+        return
+    inner = sch.get_loops(blk)[-1]
+    e = extent(sch, inner) or 1
+    vec = _largest_divisor(e, (lanes, 8, 4, 2))
+    if vec > 1:
+        _, v = sch.split(inner, [None, vec])
+        sch.vectorize(v)
+
+
+def apply_fused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    second = sch.get_sblock(chain.second)
+    loops = sch.get_loops(second)
+    nb = len(chain.batch)
+    mo, _ = sch.split(loops[nb], [None, rows])
+    task = sch.fuse(*loops[:nb], mo) if nb else mo
+    sch.parallel(task)
+    for name in reversed([chain.first] + chain.between):
+        sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)
+    _micro_kernel(sch, chain.first, lanes)
+    _micro_kernel(sch, chain.second, lanes)
+    for name in chain.between:
+        _stage(sch, name, lanes)
+    return sch
+
+
+def apply_unfused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    nb = len(chain.batch)
+    for name in [chain.first, chain.second]:
+        loops = sch.get_loops(sch.get_sblock(name))
+        mo, _ = sch.split(loops[nb], [None, rows])
+        sch.parallel(sch.fuse(*loops[:nb], mo) if nb else mo)
+        _micro_kernel(sch, name, lanes)
+    for name in chain.between:
+        loops = sch.get_loops(sch.get_sblock(name))
+        sch.parallel(sch.fuse(*loops[:nb + 1]))
+        _stage(sch, name, lanes)
+    return sch
+
+
+def block_order(chain: GemmChain) -> List[str]:
+    return [chain.first] + chain.between + [chain.second]

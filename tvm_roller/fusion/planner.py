@@ -1,0 +1,84 @@
+"""From a detected GEMM chain to a decision: fuse or not, and the row block a fused task takes.
+
+The data-movement model (``movement``, Chimera's algorithm) chooses the loop order and tile sizes
+and predicts the traffic of the fused kernel and of the operators run one by one; the chain is
+fused when that predicts a gain. The fused CPU kernel realises the row-block order, so the row
+tile (``m``) is what it takes from the plan.
+"""
+from __future__ import annotations
+
+import math
+from typing import List
+
+from ..hardware import DeviceModel
+from .chain import GemmChain
+
+
+def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
+    """The movement model's ChainPlan for ``chain`` on ``dev``.
+
+    The fused kernel computes whole rows of the intermediate (a softmax between the matmuls
+    needs them), so ``l`` is not tiled. The decision compares data movement only (Chimera's
+    objective): a roofline with the compute term at the device's peak calls both versions
+    compute-bound and hides the intermediate's round trip, which measurements show is what the
+    unfused operators pay (BENCHMARKS.md, GEMM chains)."""
+    from . import movement
+
+    desc = movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
+                               chain.elem_bytes)
+    for loop in desc.loops:
+        if loop.name == "l":
+            loop.untiled = True
+    plan = movement.plan_chain(desc, dev, include_compute=False)
+    decide(plan, dev, chain.intermediate_bytes)
+    return plan
+
+
+def decide(plan, dev: DeviceModel, intermediate_bytes: int) -> None:
+    """Fuse when the intermediate does not fit the cores' private caches (otherwise the
+    operators one by one keep it there too) and the fused order moves clearly less data from
+    the shared level, and still keeps every core busy.
+
+    The volumes compared are the model's least-traffic plans (Chimera's objective) between the
+    shared level and the private caches: the model's largest time term is the same L1
+    micro-kernel traffic in both versions and would hide the difference."""
+    private = dev.levels[1]
+    cap = private.capacity_bytes * (dev.num_units if not private.shared else 1)
+    vf, vu = plan.least_total_fused, plan.least_total_unfused
+    saving = 100.0 * (1 - vf / vu) if vu else 0.0
+    busy = plan.tasks >= dev.num_units
+    fits = intermediate_bytes <= cap
+    plan.fuse = not fits and vf < 0.95 * vu and busy
+    why = []
+    if fits:
+        why.append(f"the intermediate ({intermediate_bytes / 2**20:.2f} MiB) fits the "
+                   f"{private.name} caches ({cap / 2**20:.1f} MiB): unfused keeps it there too")
+    why.append(f"least traffic from the shared level: fused {vf / 2**20:.1f} MiB vs unfused "
+               f"{vu / 2**20:.1f} MiB ({saving:.0f}% less)")
+    why.append(f"{plan.tasks} parallel row blocks on {dev.num_units} cores")
+    plan.reason = "; ".join(why)
+
+
+def rows_per_task(chain: GemmChain, plan, dev: DeviceModel) -> int:
+    """The plan's row tile, made a divisor of m, and small enough that every core gets tasks."""
+    want = max(1, int(plan.tiles.get("m", chain.m)))
+    batch = math.prod(chain.batch)
+    divisors = [d for d in range(1, chain.m + 1) if chain.m % d == 0]
+    rows = max(d for d in divisors if d <= want)
+    while rows > 1 and batch * (chain.m // rows) < dev.num_units:
+        rows = max(d for d in divisors if d < rows)
+    return rows
+
+
+def describe(chain: GemmChain, plan) -> List[str]:
+    """Lines for ``tvm_roller.explain``."""
+    from . import movement
+
+    mid = " -> ".join(chain.between) if chain.between else "nothing"
+    lines = [f"GEMM chain: {chain.first} ({chain.m}x{chain.k} . {chain.k}x{chain.l}) -> {mid} -> "
+             f"{chain.second} (. {chain.l}x{chain.n}), batch {chain.batch or [1]}; intermediate "
+             f"{chain.intermediate_bytes / 2**20:.2f} MiB",
+             f"decision: {'fused' if plan.fuse else 'not fused (operators one by one)'}: "
+             f"{plan.reason}"]
+    lines += ["  " + line for line in movement.format_plan(plan).splitlines()]
+    return lines

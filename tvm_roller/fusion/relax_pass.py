@@ -1,0 +1,169 @@
+"""Relax: group each matmul -> ... -> matmul chain into one primitive function.
+
+TVM's FuseOps never puts two matmuls in one PrimFunc. This pass, run before legalization, finds a
+matmul whose first operand is computed from another matmul's result by a region of other ops
+(reshapes, softmax, masks, GELU, bias adds, ...) that nothing else uses, and moves the two
+matmuls and that region into a function marked ``Primitive``: LegalizeOps and FuseTIR then make
+it one PrimFunc, which roller's planner fuses (or runs operator by operator) as the data-movement
+model decides. The second matmul's other operand and any value the region reads from outside are
+parameters of the new function.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple
+
+import tvm
+from tvm import relax
+
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+
+
+def _is_matmul(binding) -> bool:
+    v = getattr(binding, "value", None)
+    return isinstance(v, relax.Call) and v.op.same_as(_MATMUL)
+
+
+def _vars_of(expr) -> List[relax.Var]:
+    return list(relax.analysis.free_vars(expr))
+
+
+@relax.expr_functor.mutator
+class _Rename(relax.expr_functor.PyExprMutator):
+    """Replace variables by the function's parameters / new bindings."""
+
+    def __init__(self, mapping: Dict[relax.Var, relax.Expr]):
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_var_(self, op):  # noqa: N802 (TVM's visitor name)
+        return self.mapping.get(op, op)
+
+    def visit_dataflow_var_(self, op):  # noqa: N802
+        return self.mapping.get(op, op)
+
+    def visit_generic_const_(self, op):  # noqa: N802
+        return self.mapping.get(op, op)
+
+
+
+def find_chains(block) -> List[Tuple[int, List[int], int]]:
+    """(first matmul, region between, second matmul) binding indices in a dataflow block."""
+    bindings = list(block.bindings)
+    index = {b.var: i for i, b in enumerate(bindings)}
+    users: Dict[int, Set[int]] = {i: set() for i in range(len(bindings))}
+    for i, b in enumerate(bindings):
+        for v in _vars_of(b.value):
+            if v in index:
+                users[index[v]].add(i)
+    taken: Set[int] = set()
+    chains = []
+    for j, b2 in enumerate(bindings):
+        if not _is_matmul(b2) or j in taken:
+            continue
+        a = b2.value.args[0]
+        if a not in index:
+            continue
+        back, first = set(), None
+        stack = [index[a]]
+        while stack:  # what the first operand is computed from, back to a matmul
+            i = stack.pop()
+            if i in back:
+                continue
+            if _is_matmul(bindings[i]):
+                if first is None or first == i:
+                    first = i
+                    continue
+                first = -1  # two matmuls feed it: not a simple chain
+                break
+            back.add(i)
+            stack += [index[v] for v in _vars_of(bindings[i].value) if v in index]
+        if first is None or first < 0 or first in taken:
+            continue
+        fwd, stack = set(), [first]
+        while stack:  # what the first matmul's result flows into
+            i = stack.pop()
+            for u in users[i]:
+                if u not in fwd and u != j:
+                    fwd.add(u)
+                    stack.append(u)
+        region = sorted(back & fwd)
+        group = set(region) | {first}
+        # closed: nothing but the group and the second matmul uses what the group computes
+        if any(u not in group and u != j for i in group for u in users[i]):
+            continue
+        if index.get(a) not in group:
+            continue
+        chains.append((first, region, j))
+        taken |= group | {j}
+    return chains
+
+
+def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main") -> Tuple[tvm.IRModule, List[str]]:
+    """The module with each chain of ``func_name`` in its own primitive function; their names."""
+    func = mod[func_name]
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return mod, []
+    bb = relax.BlockBuilder(mod)
+    new_blocks, names = [], []
+    for block in body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            new_blocks.append(block)
+            continue
+        chains = find_chains(block)
+        if not chains:
+            new_blocks.append(block)
+            continue
+        bindings = list(block.bindings)
+        replace: Dict[int, relax.Binding] = {}
+        drop: Set[int] = set()
+        for first, region, second in chains:
+            name = f"roller_gemm_chain_{len(names)}"
+            gv, call = _outline(bb, name, [bindings[i] for i in [first] + region + [second]])
+            replace[second] = relax.VarBinding(bindings[second].var, call)
+            drop |= set([first] + region)
+            names.append(name)
+        kept = [replace.get(i, b) for i, b in enumerate(bindings) if i not in drop]
+        new_blocks.append(relax.DataflowBlock(kept))
+    if not names:
+        return mod, []
+    new_func = relax.Function(func.params, relax.SeqExpr(new_blocks, body.body), func.ret_ty,
+                              func.is_pure, func.attrs)
+    bb.update_func(bb.get().get_global_var(func_name), new_func)
+    return relax.transform.Normalize()(bb.get()), names
+
+
+def _name(v) -> str:
+    return str(getattr(v, "name_hint", None) or getattr(v, "vid", None) and v.vid.name_hint or v)
+
+
+def _outline(bb: relax.BlockBuilder, name: str, group: List[relax.Binding]):
+    """A primitive function computing ``group`` (bindings in order) from its free variables."""
+    defined = {b.var for b in group}
+    inputs: list = []
+    for b in group:
+        for v in _vars_of(b.value):
+            if v not in defined and v not in inputs:
+                inputs.append(v)
+    # tensor constants (weights) become parameters too: FuseTIR takes none inside a primitive
+    # function (scalars stay, they become TIR immediates)
+    consts: list = []
+    for b in group:
+        relax.analysis.post_order_visit(b.value, lambda n: consts.append(n) if isinstance(
+            n, tvm.ir.expr.GenericConst) and getattr(n.ty, "ndim", 0) != 0 and
+            not any(n.same_as(c) for c in consts) else None)
+    inputs += consts
+    params = [relax.Var(_name(v) if not isinstance(v, tvm.ir.expr.GenericConst)
+                        else f"weight{i}", v.ty) for i, v in enumerate(inputs)]
+    mapping: Dict[relax.Var, relax.Expr] = dict(zip(inputs, params))
+    with bb.function(name, params, attrs={"Primitive": True}, pure=True, private=True):
+        with bb.dataflow():
+            out: Optional[relax.Var] = None
+            for b in group:
+                value = _Rename(mapping).visit_expr(b.value)
+                out = bb.emit(value, name_hint=_name(b.var))
+                mapping[b.var] = out
+            res = bb.emit_output(out)
+        bb.emit_func_output(res)
+    gv = bb.get().get_global_var(name)
+    return gv, relax.Call(gv, inputs)

@@ -1,0 +1,52 @@
+"""Chains of two matmuls as TE PrimFuncs: attention-like batch GEMM chains and MLP blocks."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+MIDDLE = ("none", "relu", "gelu", "softmax")
+
+
+def middle_stage(C, middle: str):
+    """f(C) for the stage between the matmuls: relu, tanh-form GELU, a softmax over the last
+    axis (TVM's vectorizable fast_exp) or C itself."""
+    from tvm import te, topi
+
+    if middle not in MIDDLE:
+        raise ValueError(f"middle must be one of {MIDDLE}, got {middle!r}")
+    if middle == "relu":
+        return te.compute(C.shape, lambda *i: te.max(C[i], te.const(0, C.dtype)), name="S")
+    if middle == "gelu":
+        def gelu(*i):
+            x = C[i]
+            return 0.5 * x * (1.0 + te.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+        return te.compute(C.shape, gelu, name="S")
+    if middle == "softmax":
+        row = len(C.shape) - 1
+        r1 = te.reduce_axis((0, C.shape[-1]), name="r1")
+        mx = te.compute(C.shape[:-1], lambda *i: te.max(C[i + (r1,)], axis=r1), name="row_max")
+        shifted = te.compute(C.shape, lambda *i: C[i] - mx[i[:row]], name="row_shift")
+        ex = topi.fast_exp(shifted)
+        r2 = te.reduce_axis((0, C.shape[-1]), name="r2")
+        sm = te.compute(C.shape[:-1], lambda *i: te.sum(ex[i + (r2,)], axis=r2), name="row_sum")
+        return te.compute(C.shape, lambda *i: ex[i] / sm[i[:row]], name="S")
+    return C
+
+
+def gemm_chain(batch: Optional[Sequence[int]], m: int, k: int, l: int, n: int,  # noqa: E741
+               middle: str = "none", dtype: str = "float32"):
+    """E = f(A . B) . D with A [*batch, m, k], B [*batch, k, l], D [*batch, l, n]; ``middle`` is
+    f: nothing, relu, tanh-form GELU or a row softmax (exp as TVM's fast_exp, vectorizable)."""
+    from tvm import te
+
+    bs = tuple(batch or ())
+    A = te.placeholder(bs + (m, k), dtype, name="A")
+    B = te.placeholder(bs + (k, l), dtype, name="B")
+    D = te.placeholder(bs + (l, n), dtype, name="D")
+    rk = te.reduce_axis((0, k), name="rk")
+    C = te.compute(bs + (m, l), lambda *i: te.sum(
+        A[i[:-1] + (rk,)] * B[i[:-2] + (rk, i[-1])], axis=rk), name="C")
+    S = middle_stage(C, middle)
+    rl = te.reduce_axis((0, l), name="rl")
+    E = te.compute(bs + (m, n), lambda *i: te.sum(
+        S[i[:-1] + (rl,)] * D[i[:-2] + (rl, i[-1])], axis=rl), name="E")
+    return te.create_prim_func([A, B, D, E]).with_attr("global_symbol", "main")
