@@ -79,3 +79,33 @@ def test_build_small_chain_correct_either_way():
     lib = tvm_roller.build(func, TARGET, device=device())
     arrays = _inputs([2], 16, 8, 16, 8)
     assert_close(run(lib, arrays, (2, 16, 8), "float32"), _reference(*arrays, "relu"), 2e-5)
+
+
+@pytest.mark.parametrize("seq", [128, 512])
+def test_relax_bert_layer_chains(seq):
+    """The Relax pipeline groups the BERT layer's two chains (attention: QK^T -> softmax/mask ->
+    .V; MLP: up-projection -> GELU -> down-projection), decides for each, matches PyTorch."""
+    import torch
+    from tvm import relax
+
+    from tvm_roller.compile_model import import_torch
+    from tvm_roller.examples import models
+
+    model = models.bert_layer()
+    x = torch.randn(1, seq, 768)
+    mod = import_torch(model, x)
+    report = []
+    tgt = tvm_roller.hardware.normalize_target(TARGET)
+    ex = tvm_roller.relax.compile(mod, tgt, report, device=device(), cache=False)
+    chains = [e for e in report if e.get("fusion")]
+    assert len(chains) == 2, [e["name"] for e in report]
+    for e in chains:
+        assert e["fusion"].split(":")[0] in ("fused", "unfused") and "traffic" in e["fusion"]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(out - ref).max() < 1e-4
+    if seq == 512:  # the 12 x 512 x 512 attention scores do not fit L2: fused
+        attention = [e for e in chains if "softmax" in e["fusion"] or e is chains[0]][0]
+        assert attention["fusion"].startswith("fused"), attention["fusion"]

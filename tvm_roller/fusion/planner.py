@@ -11,6 +11,7 @@ import math
 from typing import List
 
 from ..hardware import DeviceModel
+from ..policy import L2_FILL
 from .chain import GemmChain
 
 
@@ -24,12 +25,20 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     unfused operators pay (BENCHMARKS.md, GEMM chains)."""
     from . import movement
 
-    desc = movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
-                               chain.elem_bytes)
-    for loop in desc.loops:
-        if loop.name == "l":
-            loop.untiled = True
-    plan = movement.plan_chain(desc, dev, include_compute=False)
+    def describe_chain(whole_rows: bool):
+        desc = movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
+                                   chain.elem_bytes)
+        for loop in desc.loops:
+            loop.untiled = loop.untiled or (whole_rows and loop.name == "l")
+        return desc
+
+    plan = movement.plan_chain(describe_chain(True), dev, include_compute=False)
+    # the operators one by one may tile l as they like: their figures come from a plan without
+    # the whole-rows constraint
+    alone = movement.plan_chain(describe_chain(False), dev, include_compute=False)
+    for name in vars(plan):
+        if "unfused" in name:
+            setattr(plan, name, getattr(alone, name))
     decide(plan, dev, chain.intermediate_bytes)
     return plan
 
@@ -43,18 +52,21 @@ def decide(plan, dev: DeviceModel, intermediate_bytes: int) -> None:
     shared level and the private caches: the model's largest time term is the same L1
     micro-kernel traffic in both versions and would hide the difference."""
     private = dev.levels[1]
-    cap = private.capacity_bytes * (dev.num_units if not private.shared else 1)
+    # each core keeps its share of the rows; half its L2 is what a tile may use (policy.L2_FILL)
+    cap = private.capacity_bytes * L2_FILL
+    share = intermediate_bytes / max(1, dev.num_units)
     vf, vu = plan.least_total_fused, plan.least_total_unfused
     saving = 100.0 * (1 - vf / vu) if vu else 0.0
     busy = plan.tasks >= dev.num_units
-    fits = intermediate_bytes <= cap
+    fits = share <= cap
     plan.fuse = not fits and vf < 0.95 * vu and busy
     why = []
     if fits:
-        why.append(f"the intermediate ({intermediate_bytes / 2**20:.2f} MiB) fits the "
-                   f"{private.name} caches ({cap / 2**20:.1f} MiB): unfused keeps it there too")
+        why.append(f"each core's share of the intermediate ({share / 2**20:.2f} MiB) fits its "
+                   f"{private.name} ({cap / 2**20:.2f} MiB usable): unfused keeps it there too")
+    change = f"{saving:.0f}% less" if saving >= 0 else f"{-saving:.0f}% more"
     why.append(f"least traffic from the shared level: fused {vf / 2**20:.1f} MiB vs unfused "
-               f"{vu / 2**20:.1f} MiB ({saving:.0f}% less)")
+               f"{vu / 2**20:.1f} MiB ({change})")
     why.append(f"{plan.tasks} parallel row blocks on {dev.num_units} cores")
     plan.reason = "; ".join(why)
 
