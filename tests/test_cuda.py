@@ -133,6 +133,10 @@ def test_cuda_bad_inputs():
         tvm_roller.schedule(te.create_prim_func([A, C]), SM90)
     with pytest.raises(UnsupportedError, match="rocm"):
         tvm_roller.schedule(W.create("GMM", 0), {"kind": "rocm"})
+    from tvm_roller.fusion.workloads import gemm_chain
+
+    with pytest.raises(UnsupportedError, match="CPU-only"):
+        tvm_roller.schedule(gemm_chain([2], 64, 32, 64, 32, "softmax"), SM90)
 
 
 def test_build_fallback_to_dlight_on_cuda():

@@ -77,6 +77,12 @@ def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] 
     tgt, dev, notes = resolve_target(target, device)
     backend = _backend(tgt)
     fa = analyze(func, backend)
+    if backend == "cuda":
+        from .fusion.chain import detect_chain
+
+        if detect_chain(fa.func) is not None:
+            raise UnsupportedError("a chain of two matmuls: fused kernels are CPU-only so far; "
+                                   "build its operators as separate functions for CUDA")
     tiles = (policy_gpu if backend == "cuda" else policy).construct(fa, dev, topk)
     p = Plan(fa, tgt, dev, tiles, notes)
     if backend == "cpu":

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
-import tvm
 from tvm import s_tir
 
 from ..analysis import unwrap_func
 from ..analysis.access import build_access
 from ..errors import UnsupportedError
+from ..lower.common import SCHEDULE_ERRORS
 
 
 @dataclass
@@ -80,7 +80,7 @@ def detect_chain(func) -> Optional[GemmChain]:
     func = unwrap_func(func)
     try:
         blocks = _blocks(s_tir.Schedule(func))
-    except tvm.TVMError:  # not a block-structured function (no root block)
+    except SCHEDULE_ERRORS:  # not a block-structured function (no root block)
         return None
     mm = [(i, b, _matmul_axes(b)) for i, b in enumerate(blocks)]
     mm = [(i, b, ax) for i, b, ax in mm if ax is not None]

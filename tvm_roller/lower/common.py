@@ -9,6 +9,10 @@ from tvm import s_tir, tirx
 from ..analysis.visit import post_order_visit
 from ..errors import UnsupportedError
 
+# what a refused schedule primitive raises in TVM 0.27: ScheduleError and InternalError are
+# RuntimeErrors, failed checks surface as ValueError (there is no tvm.TVMError any more)
+SCHEDULE_ERRORS = (RuntimeError, ValueError)
+
 
 def block_names(sch: s_tir.Schedule) -> List[str]:
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]

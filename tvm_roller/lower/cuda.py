@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
-import tvm
 from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 
@@ -31,7 +30,8 @@ from ..errors import UnsupportedError
 from ..hardware import DeviceModel
 from ..hardware.model import DTYPE_BYTES
 from ..rtile import RTile
-from .common import axis_loops, block_names, extent, is_reduction, perfect_split, realize_of
+from .common import (SCHEDULE_ERRORS, axis_loops, block_names, extent, is_reduction,
+                     perfect_split, realize_of)
 
 _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
 _UNROLL_STEP = 256
@@ -41,7 +41,7 @@ def _try(what: str, fn, *args, **kwargs):
     """Run a schedule primitive; a refusal becomes an UnsupportedError naming the step."""
     try:
         return fn(*args, **kwargs)
-    except tvm.TVMError as err:  # s_tir.ScheduleError derives from it
+    except SCHEDULE_ERRORS as err:
         first = str(err).strip().splitlines()
         msg = next((l for l in first if "Error" in l or "error" in l), first[-1] if first else "")
         raise UnsupportedError(f"CUDA lowering: {what} failed: {msg.strip()[:300]}") from None
@@ -284,7 +284,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
             continue
         try:
             sch.compute_inline(blk)
-        except tvm.TVMError:
+        except SCHEDULE_ERRORS:
             continue  # kept as a stage of its own (e.g. it feeds two consumers differently)
     names = block_names(sch)
     if fa.kind == "elementwise":
