@@ -94,18 +94,19 @@ def test_relax_bert_layer_chains(seq):
     model = models.bert_layer()
     x = torch.randn(1, seq, 768)
     mod = import_torch(model, x)
-    report = []
+    report, decisions = [], []
     tgt = tvm_roller.hardware.normalize_target(TARGET)
-    ex = tvm_roller.relax.compile(mod, tgt, report, device=device(), cache=False)
-    chains = [e for e in report if e.get("fusion")]
-    assert len(chains) == 2, [e["name"] for e in report]
-    for e in chains:
-        assert e["fusion"].split(":")[0] in ("fused", "unfused") and "traffic" in e["fusion"]
+    ex = tvm_roller.relax.compile(mod, tgt, report, device=device(), cache=False,
+                                  chains=decisions)
+    assert len(decisions) == 2, decisions  # attention and MLP, each with the model's reason
+    assert all("traffic" in d["reason"] for d in decisions)
+    fused = [d for d in decisions if d["fused"]]
+    assert len([e for e in report if e.get("fusion")]) == len(fused)  # one PrimFunc per fused
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
     with torch.no_grad():
         ref = model(x).numpy()
     assert np.abs(out - ref).max() < 1e-4
-    if seq == 512:  # the 12 x 512 x 512 attention scores do not fit L2: fused
-        attention = [e for e in chains if "softmax" in e["fusion"] or e is chains[0]][0]
-        assert attention["fusion"].startswith("fused"), attention["fusion"]
+    attention = next(d for d in decisions if f". {seq}x64" in d["chain"])
+    # 12 x 512 x 512 scores do not fit the L2 caches: fused; 12 x 128 x 128 do
+    assert attention["fused"] == (seq == 512), attention

@@ -46,7 +46,9 @@ class FuncReport:
         return asdict(self)
 
 
-def fusion_passes(fast_math: bool = True, gemm_chains: bool = True) -> tvm.transform.Pass:
+def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
+                  device: Optional[DeviceModel] = None,
+                  chains: Optional[list] = None) -> tvm.transform.Pass:
     """Legalize and fuse the way roller's pipeline does (elementwise epilogues join their producer).
 
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
@@ -58,8 +60,9 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True) -> tvm.trans
 
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
-    chains = [relax.transform.FoldConstant(), group_chains_pass()] if gemm_chains else []
-    return tvm.transform.Sequential(fast + chains + [
+    group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
+        if gemm_chains else []
+    return tvm.transform.Sequential(fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -68,17 +71,44 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True) -> tvm.trans
     ], name="RollerFusion")
 
 
-def group_chains_pass() -> tvm.transform.Pass:
+def group_chains_pass(device: Optional[DeviceModel] = None,
+                      decisions: Optional[list] = None) -> tvm.transform.Pass:
     """Group each matmul -> ... -> matmul chain of every Relax function into one primitive
-    function (``fusion.relax_pass``); roller's planner then fuses it or not."""
-    from .fusion.relax_pass import group_gemm_chains
+    function (``fusion.relax_pass``) when roller's data-movement model says fusing it pays on
+    the current target's device (or ``device``); the other chains' operators are fused and
+    scheduled one by one as usual. ``decisions`` gets one dict per chain found: its shape,
+    whether it is fused and the model's reason."""
+    from .fusion.chain import GemmChain
+    from .fusion.planner import plan_gemm_chain
+    from .fusion.relax_pass import chain_shape, group_gemm_chains
+
+    def decide(first, second) -> bool:
+        shape = chain_shape(first, second)
+        tgt = tvm.target.Target.current(allow_none=True)
+        if shape is None or tgt is None or tgt.kind.name != "llvm":
+            return False
+        from . import hardware
+
+        batch, m, k, l, n, dtype = shape  # noqa: E741
+        if dtype not in ("float32", "float64"):
+            return False
+        dev = device if device is not None else hardware.from_target(tgt)
+        chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8)
+        plan = plan_gemm_chain(chain, dev)
+        logger.info("tvm_roller: matmul chain %sx%sx%sx%s (batch %s): %s (%s)", m, k, l, n, batch,
+                    "fuse" if plan.fuse else "keep apart", plan.reason)
+        if decisions is not None:
+            decisions.append({"chain": f"{m}x{k} . {k}x{l} . {l}x{n}, batch {batch}",
+                              "fused": bool(plan.fuse),
+                              "reason": plan.reason})
+        return plan.fuse
 
     @tvm.transform.module_pass(opt_level=0, name="RollerGroupGemmChains")
     def _group(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function) and not (func.attrs is not None and
                                                          func.attrs.get("Primitive")):
-                mod, names = group_gemm_chains(mod, gv.name_hint)
+                mod, names = group_gemm_chains(mod, gv.name_hint, decide)
                 if names:
                     logger.info("tvm_roller: %d matmul chain(s) in %s grouped for fusion",
                                 len(names), gv.name_hint)
@@ -132,13 +162,16 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
 
 def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
                  cache=True, progress: Optional[bool] = None,
-                 fast_math: bool = True) -> tvm.transform.Pass:
+                 fast_math: bool = True, chains: Optional[list] = None,
+                 fuse_chains: bool = True) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``. When
     ``report`` is a list, one entry (a dict, see :class:`FuncReport`) per PrimFunc is appended.
     ``cache``: the persistent schedule cache (True: the default one; False: none; or a
-    :class:`~tvm_roller.schedule_cache.ScheduleCache`). ``fast_math``: see :func:`fusion_passes`."""
+    :class:`~tvm_roller.schedule_cache.ScheduleCache`). ``fast_math``: see :func:`fusion_passes`.
+    ``chains`` (a list) gets one dict per matmul chain found: fused or kept apart, and why;
+    ``fuse_chains=False`` turns the matmul-chain fusion off (CPU targets; CUDA has none)."""
     from .api import resolve_target
 
     tgt, _, _ = resolve_target(target, device)
@@ -151,7 +184,8 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
             seq = tvm.transform.Sequential(
                 stages.library_dispatch_passes(tgt)
                 # chains are fused on CPUs only: the CUDA backend has no fused kernel yet
-                + [fusion_passes(fast_math, gemm_chains=tgt.kind.name == "llvm"), roller]
+                + [fusion_passes(fast_math, fuse_chains and tgt.kind.name == "llvm", device,
+                                 chains), roller]
                 + _fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
@@ -162,20 +196,22 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
 
 def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
             device: Optional[DeviceModel] = None, cache=True, fast_math: bool = True,
-            progress: Optional[bool] = None):
+            progress: Optional[bool] = None, chains: Optional[list] = None,
+            fuse_chains: bool = True):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.module_cache`) under a key
     made of the module's structural hash, the target, the device constants and roller's code, so
     compiling the same model again is a load. Returns something ``relax.VirtualMachine`` takes.
-    On a cache hit ``report`` gets the entries stored with the library (``cached`` set)."""
+    On a cache hit ``report`` gets the entries stored with the library (``cached`` set).
+    ``chains`` gets the fusion decision for each matmul chain (not on a cache hit)."""
     from .api import resolve_target
     from .module_cache import ModuleCache
 
     tgt, dev, _ = resolve_target(target, device)
     mcache = None if cache is False or cache is None else ModuleCache()
     if mcache is not None:
-        hit = mcache.load(mod, tgt, dev, {"fast_math": fast_math})
+        hit = mcache.load(mod, tgt, dev, {"fast_math": fast_math, "fuse_chains": fuse_chains})
         if hit is not None:
             lib, entries = hit
             if report is not None:
@@ -187,11 +223,12 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     entries: list = []
     with pass_context(tgt):
         ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
-            tgt, entries, device, cache, progress, fast_math))
+            tgt, entries, device, cache, progress, fast_math, chains, fuse_chains))
     if report is not None:
         report.extend(entries)
     if mcache is not None:
-        mcache.store(mod, tgt, dev, {"fast_math": fast_math}, ex, entries)
+        mcache.store(mod, tgt, dev, {"fast_math": fast_math, "fuse_chains": fuse_chains}, ex,
+                     entries)
     return ex
 
 

@@ -10,7 +10,7 @@ parameters of the new function.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import tvm
 from tvm import relax
@@ -98,8 +98,31 @@ def find_chains(block) -> List[Tuple[int, List[int], int]]:
     return chains
 
 
-def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main") -> Tuple[tvm.IRModule, List[str]]:
-    """The module with each chain of ``func_name`` in its own primitive function; their names."""
+def chain_shape(first, second) -> Optional[Tuple[List[int], int, int, int, int, str]]:
+    """(batch, m, k, l, n, dtype) of a matmul -> ... -> matmul chain from the bindings' types;
+    None when a shape is not static or the matmuls are not plain (batch) ones."""
+    def shape(expr):
+        ty = expr.ty
+        dims = getattr(ty, "shape", None)
+        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None
+        return [int(d) for d in dims]
+
+    a, b = (shape(x) for x in first.value.args)
+    d = shape(second.value.args[1])
+    out = shape(second.var)
+    if None in (a, b, d, out) or len(a) < 2 or len(b) < 2 or len(d) < 2:
+        return None
+    m, k = a[-2:]
+    l, n = b[-1], d[-1]  # noqa: E741
+    return out[:-2], m, k, l, n, str(first.var.ty.dtype)
+
+
+def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
+                      decide: Optional[Callable] = None) -> Tuple[tvm.IRModule, List[str]]:
+    """The module with each chain of ``func_name`` in its own primitive function; their names.
+    ``decide(first, second)`` (the two matmul bindings) -> bool keeps a chain out when False:
+    its operators then go through the normal per-operator fusion and scheduling."""
     func = mod[func_name]
     body = func.body
     if not isinstance(body, relax.SeqExpr):
@@ -118,6 +141,8 @@ def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main") -> Tuple[tvm.I
         replace: Dict[int, relax.Binding] = {}
         drop: Set[int] = set()
         for first, region, second in chains:
+            if decide is not None and not decide(bindings[first], bindings[second]):
+                continue
             name = f"roller_gemm_chain_{len(names)}"
             gv, call = _outline(bb, name, [bindings[i] for i in [first] + region + [second]])
             replace[second] = relax.VarBinding(bindings[second].var, call)
@@ -134,7 +159,8 @@ def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main") -> Tuple[tvm.I
 
 
 def _name(v) -> str:
-    return str(getattr(v, "name_hint", None) or getattr(v, "vid", None) and v.vid.name_hint or v)
+    name = getattr(v, "name_hint", None)
+    return str(name) if name else str(v)
 
 
 def _outline(bb: relax.BlockBuilder, name: str, group: List[relax.Binding]):
