@@ -106,16 +106,21 @@ def gemm_tn_f32(M, N, K):
     return te.create_prim_func([A, B, acc]).with_attr("global_symbol", "main")
 
 
+def _matmul_to_f16(a, b, M, N, K, params):
+    """C = float16(sum_k float32(a[i, k]) * float32(b[k, j])) as a PrimFunc of ``params``."""
+    k = te.reduce_axis((0, K), name="k")
+    acc = te.compute((M, N), lambda i, j: te.sum(
+        a[i, k].astype("float32") * b[k, j].astype("float32"), axis=k), name="matmul")
+    C = te.compute((M, N), lambda i, j: acc[i, j].astype("float16"), name="C")
+    return te.create_prim_func(list(params) + [C]).with_attr("global_symbol", "main")
+
+
 def gemm_transposed_producer(M, N, K):
     """A[M, K] @ BT with BT[k, n] = W[n, k] a block of its own: inlined, the B copy gathers."""
     A = te.placeholder((M, K), "float16", name="A")
     W = te.placeholder((N, K), "float16", name="W")
     BT = te.compute((K, N), lambda k, n: W[n, k], name="BT")
-    k = te.reduce_axis((0, K), name="k")
-    acc = te.compute((M, N), lambda i, j: te.sum(
-        A[i, k].astype("float32") * BT[k, j].astype("float32"), axis=k), name="matmul")
-    C = te.compute((M, N), lambda i, j: acc[i, j].astype("float16"), name="C")
-    return te.create_prim_func([A, W, C]).with_attr("global_symbol", "main")
+    return _matmul_to_f16(A, BT, M, N, K, [A, W])
 
 
 def gemm_cast_producer(M, N, K):
@@ -123,11 +128,7 @@ def gemm_cast_producer(M, N, K):
     A = te.placeholder((M, K), "float32", name="A")
     B = te.placeholder((K, N), "float16", name="B")
     Ah = te.compute((M, K), lambda i, k: A[i, k].astype("float16"), name="Ah")
-    k = te.reduce_axis((0, K), name="k")
-    acc = te.compute((M, N), lambda i, j: te.sum(
-        Ah[i, k].astype("float32") * B[k, j].astype("float32"), axis=k), name="matmul")
-    C = te.compute((M, N), lambda i, j: acc[i, j].astype("float16"), name="C")
-    return te.create_prim_func([A, B, C]).with_attr("global_symbol", "main")
+    return _matmul_to_f16(Ah, B, M, N, K, [A, B])
 
 
 def gemm_f16_acc(M, N, K):
