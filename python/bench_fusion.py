@@ -27,6 +27,11 @@ CHAINS = [  # name, batch, m, k, l, n, middle
     ("MLP 128x768->3072->768 GELU", None, 128, 768, 3072, 768, "gelu"),
     ("MLP 128x768->3072->768 ReLU", None, 128, 768, 3072, 768, "relu"),
 ]
+CONV_CHAINS = [  # name, (n, h, w, c_in, c_mid, c_out): 3x3 conv, ReLU, 1x1 conv, NHWC
+    ("conv 3x3 -> 1x1, 1x56x56x64 -> 64 -> 64", (1, 56, 56, 64, 64, 64)),
+    ("conv 3x3 -> 1x1, 4x56x56x64 -> 64 -> 256", (4, 56, 56, 64, 64, 256)),
+    ("conv 3x3 -> 1x1, 1x112x112x32 -> 64 -> 32", (1, 112, 112, 32, 64, 32)),
+]
 
 
 def _median_time(fn, min_s: float = 0.5, repeats: int = 5) -> float:
@@ -85,16 +90,14 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     print(f"target {target}, {threads} threads, {time.strftime('%Y-%m-%d %H:%M')}")
     rows = []
-    for name, batch, m, k, l, n, middle in CHAINS:  # noqa: E741
-        funcs, chain_func = _ops(batch, m, k, l, n, middle)
+    cases = [(name, _ops(batch, m, k, l, n, middle), _gemm_data(batch, m, k, l, n, middle))
+             for name, batch, m, k, l, n, middle in CHAINS]
+    cases += [(name, _conv_ops(*shape), _conv_data(*shape)) for name, shape in CONV_CHAINS]
+    for name, (funcs, chain_func), (inputs, ref, torch_chain, numpy_chain, out_shape,
+                                    mid_shape) in cases:
         p = tvm_roller.plan(chain_func, target)
-        bs = tuple(batch or ())
-        rng = np.random.default_rng(0)
-        a = rng.uniform(-1, 1, bs + (m, k)).astype("float32")
-        b = rng.uniform(-1, 1, bs + (k, l)).astype("float32")
-        d = rng.uniform(-1, 1, bs + (l, n)).astype("float32")
-        ta, tb, td = (tvm.runtime.tensor(x) for x in (a, b, d))
-        out = tvm.runtime.tensor(np.zeros(bs + (m, n), "float32"))
+        ta, tb, td = (tvm.runtime.tensor(x) for x in inputs)
+        out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
 
         # fused (forced, whatever the model decided) and what build() does
         from tvm_roller.fusion import lower_cpu
@@ -105,13 +108,13 @@ def main() -> int:
         fused = tvm.compile(lower_cpu.apply_fused(chain_func, p.chain, rws, lanes).mod,
                             target=target)
         t_fused = _median_time(lambda: fused(ta, tb, td, out))
-        err = float(np.abs(out.numpy() - _ref(a, b, d, middle)).max())
+        err = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
 
         built = tvm_roller.build(chain_func, target)  # what the model decided
         t_built = _median_time(lambda: built(ta, tb, td, out))
         libs = [tvm_roller.build(f, target) if f is not None else None for f in funcs]
-        tc = tvm.runtime.tensor(np.zeros(bs + (m, l), "float32"))
-        ts = tvm.runtime.tensor(np.zeros(bs + (m, l), "float32"))
+        tc = tvm.runtime.tensor(np.zeros(mid_shape, "float32"))
+        ts = tvm.runtime.tensor(np.zeros(mid_shape, "float32"))
 
         def unfused():
             libs[0](ta, tb, tc)
@@ -122,27 +125,15 @@ def main() -> int:
                 libs[2](tc, td, out)
 
         t_unfused = _median_time(unfused)
-        tta, ttb, ttd = (torch.from_numpy(x) for x in (a, b, d))
-
-        def torch_chain():
-            c = torch.matmul(tta, ttb)
-            if middle == "relu":
-                c = torch.relu(c)
-            elif middle == "gelu":
-                c = torch.nn.functional.gelu(c, approximate="tanh")
-            elif middle == "softmax":
-                c = torch.softmax(c, -1)
-            return torch.matmul(c, ttd)
-
         with torch.no_grad():
             t_torch = _median_time(torch_chain)
-        t_numpy = _median_time(lambda: _ref(a, b, d, middle, np.float32))
+        t_numpy = _median_time(numpy_chain) if numpy_chain else float("nan")
         plan = p.fusion
         row = {"chain": name, "intermediate_mib": p.chain.intermediate_bytes / 2**20,
                "decision": "fused" if plan.fuse else "unfused", "rows_per_task": rws,
                "fused_ms": t_fused * 1e3, "unfused_roller_ms": t_unfused * 1e3,
                "build_ms": t_built * 1e3,
-               "torch_ms": t_torch * 1e3, "numpy_ms": t_numpy * 1e3, "max_abs_err": err,
+               "torch_ms": t_torch * 1e3, "numpy_ms": t_numpy * 1e3, "max_rel_err": err,
                "predicted_fused_mib": plan.least_total_fused / 2**20,
                "predicted_unfused_mib": plan.least_total_unfused / 2**20}
         rows.append(row)
@@ -163,6 +154,73 @@ def main() -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _gemm_data(batch, m, k, l, n, middle):  # noqa: E741
+    """(inputs, float64 reference, PyTorch peer, output shape, intermediate shape)."""
+    import torch
+
+    bs = tuple(batch or ())
+    rng = np.random.default_rng(0)
+    a, b, d = (rng.uniform(-1, 1, bs + s).astype("float32") for s in ((m, k), (k, l), (l, n)))
+    ta, tb, td = (torch.from_numpy(x) for x in (a, b, d))
+
+    def torch_chain():
+        c = torch.matmul(ta, tb)
+        if middle == "relu":
+            c = torch.relu(c)
+        elif middle == "gelu":
+            c = torch.nn.functional.gelu(c, approximate="tanh")
+        elif middle == "softmax":
+            c = torch.softmax(c, -1)
+        return torch.matmul(c, td)
+
+    return ((a, b, d), _ref(a, b, d, middle), torch_chain,
+            lambda: _ref(a, b, d, middle, np.float32), bs + (m, n), bs + (m, l))
+
+
+def _conv_ops(n, h, w, ci, cm, co):
+    from tvm import te, topi
+
+    from tvm_roller.fusion.workloads import conv_chain
+
+    x = te.placeholder((n, h, w, ci), name="x")
+    w1 = te.placeholder((3, 3, ci, cm), name="w1")
+    y = topi.nn.conv2d_nhwc(x, w1, 1, 1, 1, out_dtype="float32")
+    y = te.compute(y.shape, lambda *i: te.max(y[i], 0.0), name="S")
+    yin = te.placeholder((n, h, w, cm), name="yin")
+    w2 = te.placeholder((1, 1, cm, co), name="w2")
+    z = topi.nn.conv2d_nhwc(yin, w2, 1, 0, 1, out_dtype="float32")
+    return ([te.create_prim_func([x, w1, y]), None, te.create_prim_func([yin, w2, z])],
+            conv_chain(n, h, w, ci, cm, co))
+
+
+def _conv_data(n, h, w, ci, cm, co):
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (n, h, w, ci)).astype("float32")
+    w1 = rng.uniform(-1, 1, (3, 3, ci, cm)).astype("float32")
+    w2 = rng.uniform(-1, 1, (1, 1, cm, co)).astype("float32")
+
+    def conv(x, w1, w2, dtype):
+        t = torch.from_numpy(x.astype(dtype)).permute(0, 3, 1, 2)
+        k1 = torch.from_numpy(w1.astype(dtype)).permute(3, 2, 0, 1)
+        k2 = torch.from_numpy(w2.astype(dtype)).permute(3, 2, 0, 1)
+        y = torch.relu(torch.nn.functional.conv2d(t, k1, padding=1))
+        return torch.nn.functional.conv2d(y, k2)
+
+    ref = conv(x, w1, w2, np.float64).permute(0, 2, 3, 1).numpy()
+    tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+    k1 = torch.from_numpy(w1).permute(3, 2, 0, 1).contiguous()
+    k2 = torch.from_numpy(w2).permute(3, 2, 0, 1).contiguous()
+
+    def torch_chain():  # NCHW (PyTorch's native layout), transposes outside the timed region
+        return torch.nn.functional.conv2d(torch.relu(torch.nn.functional.conv2d(tx, k1, padding=1)),
+                                          k2)
+
+    # numpy has no convolution: no numpy peer
+    return (x, w1, w2), ref, torch_chain, None, (n, h, w, co), (n, h, w, cm)
 
 
 def _ref(a, b, d, middle, dtype=np.float64):

@@ -110,3 +110,28 @@ def test_relax_bert_layer_chains(seq):
     attention = next(d for d in decisions if f". {seq}x64" in d["chain"])
     # 12 x 512 x 512 scores do not fit the L2 caches: fused; 12 x 128 x 128 do
     assert attention["fused"] == (seq == 512), attention
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 7, 5, 6, 3), (2, 5, 1, 3, 4, 1)])
+def test_conv_chain_fused_and_unfused(shape):
+    """3x3 conv (padding 1) -> ReLU -> 1x1 conv, NHWC, odd and size-1 shapes; both kernels."""
+    from tvm_roller.fusion.workloads import conv_chain
+
+    n, h, w, ci, cm, co = shape
+    func = conv_chain(*shape)
+    chain = detect_chain(func)
+    assert chain is not None and chain.producers and chain.l == cm and chain.n == co
+    x, w1, w2 = rand((n, h, w, ci), seed=1), rand((3, 3, ci, cm), seed=2), rand((1, 1, cm, co), seed=3)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    y = np.zeros((n, h, w, cm))
+    for dh in range(3):
+        for dw in range(3):
+            y += xp[:, dh:dh + h, dw:dw + w, :] @ w1[dh, dw].astype(np.float64)
+    ref = np.maximum(y, 0.0) @ w2[0, 0].astype(np.float64)
+    tgt = tvm_roller.hardware.normalize_target(TARGET)
+    for apply in (lower_cpu.apply_fused, lower_cpu.apply_unfused):
+        for rows in sorted({1, w}):
+            lib = tvm.compile(apply(func, chain, rows, 16).mod, target=tgt)
+            assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
+    lib = tvm_roller.build(func, TARGET, device=device())  # whatever the model decides
+    assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)

@@ -10,6 +10,7 @@ can pass through them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -36,6 +37,7 @@ class GemmChain:
     dtype: str = "float32"
     elem_bytes: int = 4
     notes: List[str] = field(default_factory=list)
+    producers: List[str] = field(default_factory=list)  # before the first op (padding)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,26 +55,29 @@ def _blocks(sch: s_tir.Schedule):
 
 
 def _matmul_axes(blk) -> Optional[tuple]:
-    """(spatial extents, reduction extent, input buffer names) of a block that multiplies two
-    inputs over one reduction axis, the first input's last dimension and the second's
-    second-to-last being the reduction (a (batch) matmul, NN layout); None otherwise."""
+    """(spatial extents, reduction volume, input buffer names) of a block that multiplies two
+    inputs: the first input's last dimension is the (last) reduction axis, the second's is the
+    output's last axis and it uses every reduction axis — a (batch) matmul in NN layout, or an
+    NHWC convolution read as one (rows: the output's w, the reduction: the window and input
+    channels); None otherwise."""
     ivs = list(blk.iter_vars)
     red = [i for i, iv in enumerate(ivs) if int(iv.iter_type) == 2]
     spatial = [i for i, iv in enumerate(ivs) if int(iv.iter_type) == 0]
     outs = {w.source.name for w in blk.writes}
     reads = [r for r in blk.reads if r.source.name not in outs]
-    if len(red) != 1 or len(reads) != 2 or len(spatial) < 2:
+    if not red or len(reads) != 2 or len(spatial) < 2:
         return None
     var_order = [iv.var for iv in ivs]
     a, b = (build_access(r, var_order, "read") for r in reads)
-    r = red[0]
     m_ax, n_ax = spatial[-2], spatial[-1]
-    if a.innermost_axis() != r or b.innermost_axis() != n_ax:
+    if a.innermost_axis() != red[-1] or b.innermost_axis() != n_ax:
         return None
-    if n_ax in a.axes_used() or m_ax in b.axes_used() or r not in b.axes_used():
+    if n_ax in a.axes_used() or m_ax in b.axes_used() or \
+            any(r not in b.axes_used() for r in red):
         return None
     ext = [int(iv.dom.extent) for iv in ivs]
-    return [ext[i] for i in spatial], ext[r], (reads[0].source.name, reads[1].source.name)
+    return ([ext[i] for i in spatial], math.prod(ext[r] for r in red),
+            (reads[0].source.name, reads[1].source.name))
 
 
 def detect_chain(func) -> Optional[GemmChain]:
@@ -84,14 +89,17 @@ def detect_chain(func) -> Optional[GemmChain]:
         return None
     mm = [(i, b, _matmul_axes(b)) for i, b in enumerate(blocks)]
     mm = [(i, b, ax) for i, b, ax in mm if ax is not None]
-    if len(mm) != 2 or mm[0][0] != 0 or mm[1][0] != len(blocks) - 1:
+    if len(mm) != 2 or mm[1][0] != len(blocks) - 1:
         return None
-    (_, first, (s1, k, _)), (_, second, (s2, l2, ins2)) = mm
+    (i1, first, (s1, k, _)), (_, second, (s2, l2, ins2)) = mm
+    producers = blocks[:i1]  # e.g. a convolution's padding: elementwise, computed per row block
+    if any(any(int(iv.iter_type) != 0 for iv in blk.iter_vars) for blk in producers):
+        return None
     *batch1, m, l1 = s1
     *batch2, m2, n = s2
     if batch1 != batch2 or m != m2 or l1 != l2:
         return None
-    between = blocks[1:-1]
+    between = blocks[i1 + 1:-1]
     # the stages in between may reshape, mask or reduce rows (softmax): whether a row block can
     # go through them is settled by the lowering (compute_at), which refuses what it cannot
     if any(len(blk.writes) != 1 for blk in between):
@@ -103,4 +111,5 @@ def detect_chain(func) -> Optional[GemmChain]:
     if dtype not in ("float32", "float64"):
         raise UnsupportedError(f"GEMM chain in {dtype}: the fused CPU kernel takes float32/float64")
     return GemmChain(first.name_hint, second.name_hint, [b.name_hint for b in between],
-                     list(batch1), m, k, l1, n, dtype, 4 if dtype == "float32" else 8)
+                     list(batch1), m, k, l1, n, dtype, 4 if dtype == "float32" else 8,
+                     producers=[b.name_hint for b in producers])

@@ -28,22 +28,25 @@ def _largest_divisor(n: int, options) -> int:
 
 
 def _micro_kernel(sch: s_tir.Schedule, name: str, lanes: int) -> None:
-    """The block's last three loops are (rows i, output columns j, reduction k): a register tile
-    of rm rows x rj columns accumulates over k."""
+    """Below the task loop the block has its spatial loops, rows i and output columns j last,
+    then its reduction loops: a register tile of rm rows x rj columns accumulates over them."""
     blk = sch.get_sblock(name)
-    i, j, k = sch.get_loops(blk)[-3:]
+    n_red = sum(int(iv.iter_type) == 2 for iv in sch.get(blk).iter_vars)
+    loops = sch.get_loops(blk)
+    red = loops[len(loops) - n_red:]
+    i, j = loops[len(loops) - n_red - 2:len(loops) - n_red]
     ei, ej = extent(sch, i) or 1, extent(sch, j) or 1
     rm = _largest_divisor(ei, _ROW_TILES)
     rj = _largest_divisor(ej, (2 * lanes, lanes, 8, 4, 2, 1))
     vec = min(rj, lanes)
     io, ii = sch.split(i, [None, rm])
     jo, jv, ji = sch.split(j, [None, rj // vec, vec])
-    sch.reorder(io, jo, k, ii, jv, ji)
+    sch.reorder(io, jo, *red, ii, jv, ji)
     sch.unroll(ii)
     sch.unroll(jv)
     if vec > 1:
         sch.vectorize(ji)
-    sch.decompose_reduction(blk, k)
+    sch.decompose_reduction(blk, red[0])
 
 
 def _stage(sch: s_tir.Schedule, name: str, lanes: int) -> None:
@@ -82,11 +85,11 @@ def apply_fused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedule
     mo, _ = sch.split(loops[nb], [None, rows])
     task = sch.fuse(*loops[:nb], mo) if nb else mo
     sch.parallel(task)
-    for name in reversed([chain.first] + chain.between):
+    for name in reversed(chain.producers + [chain.first] + chain.between):
         sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)
     _micro_kernel(sch, chain.first, lanes)
     _micro_kernel(sch, chain.second, lanes)
-    for name in chain.between:
+    for name in chain.producers + chain.between:
         _stage(sch, name, lanes)
     return sch
 
@@ -99,7 +102,7 @@ def apply_unfused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedu
         mo, _ = sch.split(loops[nb], [None, rows])
         sch.parallel(sch.fuse(*loops[:nb], mo) if nb else mo)
         _micro_kernel(sch, name, lanes)
-    for name in chain.between:
+    for name in chain.producers + chain.between:
         loops = sch.get_loops(sch.get_sblock(name))
         sch.parallel(sch.fuse(*loops[:nb + 1]))
         _stage(sch, name, lanes)
@@ -107,4 +110,4 @@ def apply_unfused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedu
 
 
 def block_order(chain: GemmChain) -> List[str]:
-    return [chain.first] + chain.between + [chain.second]
+    return chain.producers + [chain.first] + chain.between + [chain.second]

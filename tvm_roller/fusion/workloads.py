@@ -50,3 +50,21 @@ def gemm_chain(batch: Optional[Sequence[int]], m: int, k: int, l: int, n: int,  
     E = te.compute(bs + (m, n), lambda *i: te.sum(
         S[i[:-1] + (rl,)] * D[i[:-2] + (rl, i[-1])], axis=rl), name="E")
     return te.create_prim_func([A, B, D, E]).with_attr("global_symbol", "main")
+
+
+def conv_chain(n: int, h: int, w: int, c_in: int, c_mid: int, c_out: int, kernel: int = 3,
+               middle: str = "relu", dtype: str = "float32"):
+    """NHWC: a kernel x kernel convolution (stride 1, same padding) then a 1x1 convolution,
+    ``middle`` (relu or none) between them; weights [kh, kw, ci, co] as in TVM's topi."""
+    from tvm import te, topi
+
+    if middle not in ("none", "relu"):
+        raise ValueError(f"middle must be 'none' or 'relu' for a conv chain, got {middle!r}")
+    data = te.placeholder((n, h, w, c_in), dtype, name="data")
+    w1 = te.placeholder((kernel, kernel, c_in, c_mid), dtype, name="w1")
+    w2 = te.placeholder((1, 1, c_mid, c_out), dtype, name="w2")
+    y = topi.nn.conv2d_nhwc(data, w1, 1, kernel // 2, 1, out_dtype=dtype)
+    if middle == "relu":
+        y = te.compute(y.shape, lambda *i: te.max(y[i], te.const(0, dtype)), name="S")
+    z = topi.nn.conv2d_nhwc(y, w2, 1, 0, 1, out_dtype=dtype)
+    return te.create_prim_func([data, w1, w2, z]).with_attr("global_symbol", "main")
