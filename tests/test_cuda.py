@@ -6,7 +6,6 @@ lent device (python/gpu_check.py).
 from __future__ import annotations
 
 import tempfile
-import warnings
 
 import pytest
 import tvm

@@ -10,7 +10,7 @@ from typing import List, Optional, Union
 import tvm
 from tvm import s_tir, tirx
 
-from .analysis import FuncAnalysis, analyze, unwrap_func
+from .analysis import FuncAnalysis, analyze
 from .errors import FallbackWarning, UnsupportedError
 from .hardware import DeviceModel
 from .rtile import RTile

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import List, Optional
 
 import tvm
