@@ -22,6 +22,15 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="tvm-roller-test-cache-")
 os.environ["TVM_ROLLER_CACHE"] = _CACHE_DIR
 
 TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+# the CUDA targets the GPU tests build for: sm_90 with the H100 tag (whose own arch is sm_90a)
+CUDA_TARGETS = {"sm_90": {"tag": "nvidia/nvidia-h100", "arch": "sm_90"},
+                "sm_80": "nvidia/nvidia-a100"}
+
+
+def cuda_target(arch: str):
+    import tvm
+
+    return tvm.target.Target(CUDA_TARGETS[arch])
 
 # float32 results are compared with this relative max error; float64 with F64_TOL
 F32_TOL = 2e-5

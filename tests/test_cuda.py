@@ -17,8 +17,10 @@ from tvm_roller.errors import FallbackWarning, UnsupportedError
 from tvm_roller.hardware import gpu
 from tvm_roller.suite import workloads as W
 
-SM90 = tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": "sm_90"})
-SM80 = tvm.target.Target("nvidia/nvidia-a100")
+from conftest import cuda_target
+
+SM90 = cuda_target("sm_90")
+SM80 = cuda_target("sm_80")
 
 
 # -- device models -------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from tvm.s_tir.meta_schedule.testing import te_workload as tw
 import tvm_roller
 from tvm_roller.lower.cuda_replica import cpu_replica
 
-from conftest import assert_close, rand, run
+from conftest import assert_close, cuda_target, rand, run
 
-SM90 = tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": "sm_90"})
-SM80 = tvm.target.Target("nvidia/nvidia-a100")
+SM90 = cuda_target("sm_90")
+SM80 = cuda_target("sm_80")
 TOL = 2e-5
 
 

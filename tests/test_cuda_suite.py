@@ -13,7 +13,6 @@ import statistics
 import time
 
 import pytest
-import tvm
 
 import tvm_roller
 from tvm_roller import hardware
@@ -21,10 +20,9 @@ from tvm_roller.lower import cuda_build
 from tvm_roller.suite import gpu_workloads
 from tvm_roller.suite import workloads as W
 
-TARGETS = {
-    "sm_90": tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": "sm_90"}),
-    "sm_80": tvm.target.Target("nvidia/nvidia-a100"),
-}
+from conftest import CUDA_TARGETS, cuda_target
+
+TARGETS = {arch: cuda_target(arch) for arch in CUDA_TARGETS}
 PRESET = {"sm_90": "h100", "sm_80": "a100"}
 CASES = [f"{c}:{i}" for c, i in W.list_workloads()] + sorted(gpu_workloads.FP16_GEMMS)
 # classes whose main kernel is a GEMM or a convolution: no spills, no stack frame

@@ -38,6 +38,8 @@ from tvm_roller.lower import cuda_tensorcore as tc
 from tvm_roller.rtile import RTile
 from tvm_roller.suite import gpu_workloads as gw
 
+from conftest import CUDA_TARGETS
+
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
 
@@ -59,10 +61,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 needs_emulator = pytest.mark.skipif(GXX is None or CUDA_INCLUDE is None,
                                     reason="g++ or the CUDA headers (cuda_fp16.h) not found")
 
-TARGETS = {
-    "sm_90": {"tag": "nvidia/nvidia-h100", "arch": "sm_90"},
-    "sm_80": "nvidia/nvidia-a100",
-}
+TARGETS = CUDA_TARGETS
 
 
 def target(arch):

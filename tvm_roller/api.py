@@ -77,7 +77,7 @@ def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] 
     tgt, dev, notes = resolve_target(target, device)
     backend = _backend(tgt)
     fa = analyze(func, backend)
-    if backend == "cuda":
+    if backend == "cuda" and _may_be_chain(fa):
         from .fusion.chain import detect_chain
 
         if detect_chain(fa.func) is not None:
@@ -91,8 +91,15 @@ def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] 
     return p
 
 
+def _may_be_chain(fa: FuncAnalysis) -> bool:
+    """A chain has two reduction blocks: other functions skip the detection's own schedule."""
+    return sum(b.is_reduction for b in fa.blocks) >= 2
+
+
 def _plan_fusion(p: Plan) -> None:
     """A chain of two matmuls (Chimera): plan the fused kernel and decide whether it pays."""
+    if not _may_be_chain(p.analysis):
+        return
     from .fusion.chain import detect_chain
     from .fusion.planner import plan_gemm_chain
 

@@ -8,7 +8,7 @@ the rTile records which term bounds it, as on the CPU.
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Sequence
 
 from .analysis import FuncAnalysis
 from .hardware import DeviceModel
@@ -24,11 +24,12 @@ _MEM_LATENCY_S = 6e-7  # a global load's round trip (L2 hit ~ 0.3 us, DRAM ~ 0.6
 _REG_OVERHEAD = 24  # addresses, loop counters, the fetch's staging registers
 
 
-def estimated_registers(fa: FuncAnalysis, t: RTile) -> int:
-    acc = math.prod(t.reg[i] for i in fa.spatial)
-    if t.tensor_core:  # a warp's fragments spread over its 32 lanes (fp32 accumulators)
-        acc = acc // 32 + 2 * (t.reg[fa.spatial[-1]] + t.reg[fa.spatial[-2]]) // 32 * 4
-    return min(255, acc + register_loads(fa, t.reg, 1) + _REG_OVERHEAD)
+def estimated_registers(fa: FuncAnalysis, reg: Sequence[int], tensor_core: bool = False) -> int:
+    """Registers a thread needs for a register tile ``reg`` (a warp's tile with tensor cores)."""
+    acc = math.prod(reg[i] for i in fa.spatial)
+    if tensor_core:  # a warp's fragments spread over its 32 lanes (fp32 accumulators)
+        acc = acc // 32 + 2 * (reg[fa.spatial[-1]] + reg[fa.spatial[-2]]) // 32 * 4
+    return min(255, acc + register_loads(fa, reg, 1) + _REG_OVERHEAD)
 
 
 def blocks_per_sm(dev: DeviceModel, threads: int, regs: int, smem: int) -> int:
@@ -47,7 +48,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     sms = dev.num_units
     in_elem = max((a.bytes_per_elem for a in fa.reads), default=DTYPE_BYTES.get(fa.dtype, 4))
     nb = num_tiles(fa, t.l1, S)
-    regs = estimated_registers(fa, t)
+    regs = estimated_registers(fa, t.reg, bool(t.tensor_core))
     bps = blocks_per_sm(dev, t.threads, regs, t.smem_bytes)
     terms: Dict[str, float] = {}
     if bps == 0:  # does not fit an SM at all

@@ -11,6 +11,7 @@ every candidate is predicted and the best k are returned.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -28,7 +29,6 @@ Tile = Tuple[int, ...]
 _MAX_ACC = 64  # accumulators per thread: 8x8 leaves room for operands at 2 blocks per SM
 _REG_BUDGET = 96
 _BLOCK_THREADS = (32, 64, 128, 256, 512)
-_STATIC_SMEM = 48 * 1024  # beyond this a kernel needs dynamic shared memory and an opt-in
 
 
 def gpu_kind(fa: FuncAnalysis) -> str:
@@ -134,9 +134,7 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     row = max(1, int(dev.extra.get("transaction_bytes", 32)) // elem)
     # registers: index arithmetic of convolutions costs more than the estimate's allowance;
     # 1.5x keeps __launch_bounds__ from forcing spills (measured with ptxas on C3D)
-    regs = estimated_registers(fa, RTile(kind="tiled", axes=[], extents=[], axis_kinds="",
-                                         reg=list(reg), l1=[], l2=[], vector_axis=v,
-                                         vector_lanes=1))
+    regs = estimated_registers(fa, reg)
     max_threads = min(max_threads, int(dev.extra["regs_per_block"]) * 2 // (3 * regs))
     steps, start = [], []
     for i, a in enumerate(fa.axes):
@@ -164,8 +162,7 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     # no more reuse to gain, yet a block must be whole warps: widen along the contiguous
     # output axis first (coalesced), then the others, while the limits allow
     warp = 32
-    order = [i for i in [_out_axis(fa)] if i is not None] + \
-        [i for i in reversed(fa.spatial) if i != _out_axis(fa)]
+    order = [i for i in [v] if i is not None] + [i for i in reversed(fa.spatial) if i != v]
     while _threads(fa, reg, tuple(tile)) % warp:
         for i in order:
             bigger = [x for x in steps[i] if x > tile[i]]
@@ -185,7 +182,9 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
         for chunk in _reduction_chunks(fa, dev):
             for max_threads in _BLOCK_THREADS:
                 for stages in (2, 1):
-                    l1 = _block_tile(fa, dev, reg, chunk, max_threads, _STATIC_SMEM, stages)
+                    # static shared memory only: more needs the dynamic opt-in
+                    l1 = _block_tile(fa, dev, reg, chunk, max_threads,
+                                     smem_limit(dev, dynamic=False), stages)
                     threads = _threads(fa, reg, l1)
                     if threads < warp and num_tiles(fa, l1, fa.spatial) > 1:
                         continue  # a partial warp while other blocks exist: grow first
@@ -202,47 +201,36 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 # -- tensor cores ------------------------------------------------------------------------------
 def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 32-64."""
-    try:
-        from .lower import cuda_tensorcore as tc
-    except ImportError:  # the tensor-core lowering is optional
-        return []
+    from .lower import cuda_tensorcore as tc
+
     if not all(str(a.dtype) == "float16" for a in fa.reads) or len(fa.spatial) < 2:
         return []
-    m, n = fa.spatial[-2], fa.spatial[-1]
-    k = fa.reduction[-1] if fa.reduction else None
-    if k is None or len(fa.reduction) != 1:
+    if len(fa.reduction) != 1:
         return []
+    m, n, k = fa.spatial[-2], fa.spatial[-1], fa.reduction[0]
     out = []
     cap = smem_limit(dev)
-    for bm in (256, 128, 64, 32):
-        for bn in (256, 128, 64, 32):
-            for bk in (64, 32):
-                for wm in (64, 32):
-                    for wn in (64, 32):
-                        if wm > bm or wn > bn:
-                            continue
-                        warps = (bm // wm) * (bn // wn)
-                        if not 2 <= warps <= 8:
-                            continue
-                        for stages in (4, 3, 2):
-                            l1 = [1] * len(fa.axes)
-                            reg = [1] * len(fa.axes)
-                            l1[m], l1[n], l1[k] = bm, bn, bk
-                            reg[m], reg[n], reg[k] = wm, wn, 16
-                            t = RTile(**_base(fa, "tiled"), reg=reg, l1=l1, l2=list(l1),
-                                      vector_lanes=8, threads=warps * 32, stages=stages,
-                                      tensor_core="wmma_16x16x16_f16f32")
-                            try:
-                                tc.validate_tile(fa, t, dev)
-                            except UnsupportedError:
-                                continue
-                            t.smem_bytes = tc.smem_bytes(fa, t)
-                            if t.smem_bytes > cap:
-                                continue
-                            t.notes.append(f"tensor cores: block {bm}x{bn}x{bk}, warp {wm}x{wn} "
-                                           f"in 16x16x16 fragments, {stages}-stage pipeline")
-                            predict_tiled(fa, dev, t)
-                            out.append(t)
+    for bm, bn, bk, wm, wn, stages in itertools.product(
+            (256, 128, 64, 32), (256, 128, 64, 32), (64, 32), (64, 32), (64, 32), (4, 3, 2)):
+        warps = (bm // wm) * (bn // wn)
+        if wm > bm or wn > bn or not 2 <= warps <= 8:
+            continue
+        l1, reg = [1] * len(fa.axes), [1] * len(fa.axes)
+        l1[m], l1[n], l1[k] = bm, bn, bk
+        reg[m], reg[n], reg[k] = wm, wn, 16
+        t = RTile(**_base(fa, "tiled"), reg=reg, l1=l1, l2=list(l1), vector_lanes=8,
+                  threads=warps * 32, stages=stages, tensor_core=tc.WMMA)
+        try:
+            tc.validate_tile(fa, t, dev)
+        except UnsupportedError:
+            continue  # not a valid tensor-core tile for this shape: not a candidate
+        t.smem_bytes = tc.smem_bytes(fa, t)
+        if t.smem_bytes > cap:
+            continue
+        t.notes.append(f"tensor cores: block {bm}x{bn}x{bk}, warp {wm}x{wn} in 16x16x16 "
+                       f"fragments, {stages}-stage pipeline")
+        predict_tiled(fa, dev, t)
+        out.append(t)
     return out
 
 

@@ -36,7 +36,6 @@ class GemmChain:
     n: int
     dtype: str = "float32"
     elem_bytes: int = 4
-    notes: List[str] = field(default_factory=list)
     producers: List[str] = field(default_factory=list)  # before the first op (padding)
 
     def to_dict(self) -> dict:

@@ -13,8 +13,6 @@ between them is about data movement only.
 """
 from __future__ import annotations
 
-from typing import List
-
 from tvm import s_tir
 
 from ..lower.common import extent, is_reduction
@@ -108,6 +106,3 @@ def apply_unfused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedu
         _stage(sch, name, lanes)
     return sch
 
-
-def block_order(chain: GemmChain) -> List[str]:
-    return chain.producers + [chain.first] + chain.between + [chain.second]

@@ -7,11 +7,25 @@ round-trips through JSON.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from ..errors import UnsupportedError
+
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1, "int8": 1,
                "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one element of a TVM dtype string, vector types included ("float32x4": 16)."""
+    dtype = str(dtype)
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    m = re.fullmatch(r"[a-z]+?(\d+)(?:x(\d+))?", dtype)
+    if not m:
+        raise UnsupportedError(f"unknown dtype {dtype!r}")
+    return max(1, int(m.group(1)) // 8) * int(m.group(2) or 1)
 
 
 @dataclass

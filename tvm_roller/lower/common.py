@@ -14,6 +14,27 @@ from ..errors import UnsupportedError
 SCHEDULE_ERRORS = (RuntimeError, ValueError)
 
 
+def attempt(fn, *args, **kwargs) -> bool:
+    """Run a schedule primitive that TVM may refuse; whether it was applied (a refused
+    primitive leaves the schedule as it was)."""
+    try:
+        fn(*args, **kwargs)
+    except SCHEDULE_ERRORS:
+        return False
+    return True
+
+
+def require(what: str, fn, *args, **kwargs):
+    """Run a schedule primitive that must succeed; a refusal becomes an UnsupportedError
+    saying what failed and TVM's reason."""
+    try:
+        return fn(*args, **kwargs)
+    except SCHEDULE_ERRORS as err:
+        lines = str(err).strip().splitlines()
+        msg = next((l for l in lines if "Error" in l or "error" in l), lines[-1] if lines else "")
+        raise UnsupportedError(f"{what} failed: {msg.strip()[:300]}") from None
+
+
 def block_names(sch: s_tir.Schedule) -> List[str]:
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 

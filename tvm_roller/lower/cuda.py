@@ -30,21 +30,11 @@ from ..errors import UnsupportedError
 from ..hardware import DeviceModel
 from ..hardware.model import DTYPE_BYTES
 from ..rtile import RTile
-from .common import (SCHEDULE_ERRORS, axis_loops, block_names, extent, is_reduction,
-                     perfect_split, realize_of)
+from .common import (attempt, axis_loops, block_names, extent, is_reduction, perfect_split,
+                     realize_of, require)
 
 _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
 _UNROLL_STEP = 256
-
-
-def _try(what: str, fn, *args, **kwargs):
-    """Run a schedule primitive; a refusal becomes an UnsupportedError naming the step."""
-    try:
-        return fn(*args, **kwargs)
-    except SCHEDULE_ERRORS as err:
-        first = str(err).strip().splitlines()
-        msg = next((l for l in first if "Error" in l or "error" in l), first[-1] if first else "")
-        raise UnsupportedError(f"CUDA lowering: {what} failed: {msg.strip()[:300]}") from None
 
 
 def _vector_lanes(dtype: str) -> int:
@@ -196,7 +186,7 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
     wb = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(wb, tx, preserve_unit_loops=True)
     for name in fa.consumers:
-        _try(f"inlining epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
+        require(f"CUDA lowering: inlining epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
     wb_loops = sch.get_loops(wb)
     lanes = _aligned_lanes(sch, wb, wb_loops[-1],
                            _vector_lanes(str(sch.get(wb).writes[0].source.dtype)))
@@ -225,7 +215,7 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
                 raise _VariableWindow(name)
             fetches.append(s)
         for name in reversed(fa.producers):
-            _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
+            require(f"CUDA lowering: inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
         for s in fetches:
             dtype = str(sch.get(s).writes[0].source.dtype)
             note = _pad_rows(sch, s, dtype, dev)
@@ -241,7 +231,7 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
         sch.decompose_reduction(main, ko[0])
     else:
         for name in reversed(fa.producers):
-            _try(f"inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
+            require(f"CUDA lowering: inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
     sch.annotate(bx, "pragma_auto_unroll_max_step", _UNROLL_STEP)
     sch.annotate(bx, "pragma_unroll_explicit", 1)
     return sch
@@ -252,25 +242,11 @@ def _async_copy(dev: DeviceModel) -> bool:
 
 
 # -- memory-bound ----------------------------------------------------------------------------
-def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str, vectorize: bool) -> None:
+def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str) -> None:
     """One element (or one 16-byte vector) per thread over the block's fused loops."""
     loops = sch.get_loops(block)
-    total = math.prod(extent(sch, l) or 1 for l in loops)
-    vec = _aligned_lanes(sch, block, loops[-1], _vector_lanes(dtype)) if vectorize else 1
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    threads = min(threads, max(32, -(-total // vec // 32) * 32))
-    if vec > 1:
-        bx, tx, vi = sch.split(fused, [None, threads, vec])
-        sch.vectorize(vi)
-    else:
-        bx, tx = sch.split(fused, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-
-
-def _row_loops(sch: s_tir.Schedule, block, nrows: int):
-    loops = sch.get_loops(block)
-    return loops[:nrows], loops[nrows:]
+    _bind_flat_loops(sch, loops, threads,
+                     _aligned_lanes(sch, block, loops[-1], _vector_lanes(dtype)))
 
 
 def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
@@ -282,21 +258,19 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
         blk = sch.get_sblock(name)
         if is_reduction(sch, blk):
             continue
-        try:
-            sch.compute_inline(blk)
-        except SCHEDULE_ERRORS:
-            continue  # kept as a stage of its own (e.g. it feeds two consumers differently)
+        attempt(sch.compute_inline, blk)  # refused: a stage of its own (e.g. two consumers)
     names = block_names(sch)
     if fa.kind == "elementwise":
         for name in names:
             blk = sch.get_sblock(name)
-            _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), True)
+            _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype))
         return sch
     if t.acc_level == "split":
         return _split_reduction(sch, fa, t, threads)
     rows = len(fa.spatial)
     last = sch.get_sblock(names[-1])
-    row, rest = _row_loops(sch, last, rows)
+    loops = sch.get_loops(last)
+    row, rest = loops[:rows], loops[rows:]
     if len(row) != rows or not _rows_match(sch, names, rows):
         raise UnsupportedError("CUDA lowering: the stages do not share the reduction's rows")
     if t.acc_level == "thread":
@@ -313,7 +287,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
         anchor, scope = bx, "shared"
     for name in reversed(names[:-1]):
         blk = sch.get_sblock(name)
-        _try(f"placing {name} in its row", sch.compute_at, blk, anchor, preserve_unit_loops=True)
+        require(f"CUDA lowering: placing {name} in its row", sch.compute_at, blk, anchor, preserve_unit_loops=True)
         sch.set_scope(blk, 0, scope)
         if scope == "shared":
             _spread(sch, sch.get_loops(blk)[1:], threads)
@@ -333,7 +307,7 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
     red = [l for l, k in zip(loops, kinds) if k != 0]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
     p, _, tx = sch.split(r, [parts, None, threads])
-    rf = _try("splitting the reduction over blocks", sch.rfactor, p, len(spatial))
+    rf = require("CUDA lowering: splitting the reduction over blocks", sch.rfactor, p, len(spatial))
     rf_loops = sch.get_loops(rf)
     bx = sch.fuse(*rf_loops[:len(spatial) + 1])
     sch.bind(bx, "blockIdx.x")
@@ -344,7 +318,7 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
     sch.bind(fin[-1], "threadIdx.x")
     for name in fa.consumers:
         blk = sch.get_sblock(name)
-        _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), True)
+        _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype))
     return sch
 
 
@@ -369,10 +343,16 @@ def _spread(sch: s_tir.Schedule, loops: list, threads: int) -> None:
     sch.bind(tx, "threadIdx.x")
 
 
-def _bind_flat_loops(sch: s_tir.Schedule, loops: list, threads: int) -> None:
+def _bind_flat_loops(sch: s_tir.Schedule, loops: list, threads: int, vec: int = 1) -> None:
+    """``loops`` fused and spread over blocks x threads (whole warps, no more threads than
+    work), the innermost ``vec`` elements a vector per thread."""
+    total = math.prod(extent(sch, l) or 1 for l in loops)
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    total = extent(sch, fused) or 1
-    threads = min(threads, max(32, -(-total // 32) * 32))
-    bx, tx = sch.split(fused, [None, threads])
+    threads = min(threads, max(32, -(-total // vec // 32) * 32))
+    if vec > 1:
+        bx, tx, vi = sch.split(fused, [None, threads, vec])
+        sch.vectorize(vi)
+    else:
+        bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")

@@ -38,7 +38,7 @@ from tvm import tirx
 from ..errors import UnsupportedError
 from ..hardware import gpu
 from ..hardware.cache import atomic_write, cache_dir
-from ..hardware.model import DeviceModel
+from ..hardware.model import DeviceModel, dtype_bytes
 
 ModLike = Union[tvm.IRModule, tirx.PrimFunc, "tvm.s_tir.Schedule"]
 TargetLike = Union[tvm.target.Target, dict, str]
@@ -84,7 +84,7 @@ class Workspace:
 
     @property
     def nbytes(self) -> int:
-        return self.count * _dtype_bytes(self.dtype)
+        return self.count * dtype_bytes(self.dtype)
 
 
 @dataclass
@@ -302,15 +302,6 @@ def _entry(lowered: tvm.IRModule) -> tirx.PrimFunc:
 
 
 # -- launches from the host function ------------------------------------------------------------
-def _dtype_bytes(dtype: str) -> int:
-    m = re.fullmatch(r"[a-z]+?(\d+)(?:x(\d+))?", dtype)
-    if dtype == "bool":
-        return 1
-    if not m:
-        raise UnsupportedError(f"unknown dtype {dtype!r}")
-    return int(m.group(1)) // 8 * int(m.group(2) or 1)
-
-
 def _is_buffer_var(v: Any) -> bool:
     return isinstance(v, tirx.Var) and isinstance(getattr(v, "ty", None), tirx.BufferType)
 

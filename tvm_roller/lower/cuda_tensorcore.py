@@ -70,8 +70,9 @@ from tvm import s_tir
 from ..analysis import FuncAnalysis, unwrap_func
 from ..analysis.access import build_access
 from ..errors import UnsupportedError
+from ..hardware.model import dtype_bytes
 from ..rtile import RTile
-from .common import axis_loops
+from .common import SCHEDULE_ERRORS, attempt, axis_loops
 
 WMMA = "wmma_16x16x16_f16f32"
 MMA = "mma_m16n8k16_f16f32"
@@ -841,11 +842,9 @@ def _read_index(sch: s_tir.Schedule, block, name: str) -> int:
 
 def _inline_producers(sch: s_tir.Schedule, names: List[str]) -> None:
     for name in reversed(names):
-        try:
-            sch.compute_inline(sch.get_sblock(name))
-        except Exception as e:  # noqa: BLE001 (TVM raises ScheduleError / TVMError)
+        if not attempt(sch.compute_inline, sch.get_sblock(name)):
             raise UnsupportedError(f"tensor cores: producer {name} cannot be inlined into the "
-                                   f"shared-memory loads ({type(e).__name__})") from None
+                                   "shared-memory loads")
 
 
 def _inline_consumers(sch: s_tir.Schedule, store, names: List[str]) -> None:
@@ -854,29 +853,16 @@ def _inline_consumers(sch: s_tir.Schedule, store, names: List[str]) -> None:
     store_name = sch.get(store).name_hint
     for name in names:
         blk = sch.get_sblock(name)
-        try:
-            sch.reverse_compute_inline(blk)
+        if attempt(sch.reverse_compute_inline, blk):
             continue
-        except Exception:  # noqa: BLE001
-            pass
-        # another input of the consumer (a broadcast bias) may be a block of its own
+        # another input of the consumer (a broadcast bias) may be a block of its own: inline
+        # what can be (a refused one stays a block and the retry below says so)
         for p in sch.get_producers(blk):
             if sch.get(p).name_hint != store_name:
-                try:
-                    sch.compute_inline(p)
-                except Exception:  # noqa: BLE001
-                    pass
-        try:
-            sch.reverse_compute_inline(blk)
-        except Exception as e:  # noqa: BLE001
+                attempt(sch.compute_inline, p)
+        if not attempt(sch.reverse_compute_inline, blk):
             raise UnsupportedError(f"tensor cores: epilogue block {name} is not elementwise on "
-                                   f"the matmul result ({type(e).__name__})") from None
-
-
-def _dtype_bytes(dtype) -> int:
-    import tvm
-
-    return max(1, tvm.DataType(str(dtype)).bits // 8)
+                                   "the matmul result")
 
 
 def _contiguous_copy(sch: s_tir.Schedule, block) -> bool:
@@ -972,7 +958,7 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
     for s in smem.values():
         if _contiguous_copy(sch, s):
             # 16-byte vectors of what is read (4 elements when a producer casts from fp32)
-            vec = min(VEC_AB, 16 // max(_dtype_bytes(r.source.dtype) for r in sch.get(s).reads))
+            vec = min(VEC_AB, 16 // max(dtype_bytes(r.source.dtype) for r in sch.get(s).reads))
             _coop_copy(sch, s, warps, vec, 2)
         else:
             # an inlined producer (a transpose) makes the copy a gather: 8 scalar loads per
@@ -1045,7 +1031,7 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
         sch.unroll(n2)
         sch.unroll(k1)
         sch.tensorize(m3, intrin["compute"])
-    except Exception as e:  # noqa: BLE001 (tvm ScheduleError: the block does not match)
+    except SCHEDULE_ERRORS as e:  # the block does not match the intrinsic
         raise UnsupportedError(f"tensor cores: {fa.main} does not match the {tile.tensor_core} "
                                f"intrinsics ({type(e).__name__}: {str(e).splitlines()[-1]})") \
             from None
