@@ -7,13 +7,15 @@ over all workloads and separately per shape index (fit on one, check on the othe
 
     python python/costcheck_combinations.py docs/costcheck/dataset.json
 
-The last rows recalibrate the model's constants on the measurements: one weight per term (compute,
+Then rows with an accumulator-traffic term the model lacks, and the last rows recalibrate the model's constants on the measurements: one weight per term (compute,
 L1, L2, outer level, compulsory DRAM), fitted leave-one-workload-out (the weights that rank a
 workload never saw its measurements) by least squares on per-workload-centred log times, then
-combined by max (the model's form) or by sum.
+combined by max (the model's form) or by sum. A last table gives each feature's median rank
+correlation with the measured times.
 """
 from __future__ import annotations
 
+import math
 import sys
 from collections import defaultdict
 
@@ -41,6 +43,32 @@ COMBINATIONS = {
     "max + L2": lambda c: c.predicted_s + _term(c, "L2"),
     "L2 alone": lambda c: _term(c, "L2"),
 }
+
+
+def accumulator_term(c, l1_bytes_per_s: float) -> float:
+    """A term the model lacks: each reduction chunk reloads and stores the task's accumulators
+    (outputs x chunks x 8 B through L1, the work split over at most two cores)."""
+    t = c.tile
+    spatial = [i for i, k in enumerate(t["axis_kinds"]) if k == "S"]
+    red = [i for i, k in enumerate(t["axis_kinds"]) if k == "R"]
+    outputs = math.prod(t["extents"][i] for i in spatial)
+    chunks = math.prod(math.ceil(t["extents"][i] / t["l1"][i]) for i in red)
+    return outputs * chunks * 8 / l1_bytes_per_s / max(1, min(2, t["num_tasks"]))
+
+
+def feature_correlations(by_wl) -> dict:
+    """Median over workloads of each feature's Spearman correlation with the measured time."""
+    wls = [w for w, cs in by_wl.items() if len(cs) >= 3]
+    out = {}
+    for f in sorted(by_wl[wls[0]][0].features):
+        sps = []
+        for w in wls:
+            x = [c.features.get(f, 0.0) for c in by_wl[w]]
+            if len(set(x)) > 1:
+                sps.append(stats.spearmanr(x, [c.measured_s for c in by_wl[w]])[0])
+        if sps:
+            out[f] = (float(np.median(sps)), len(sps))
+    return out
 
 
 _FIT_TERMS = ("compute", "L1", "L2", "outer", "DRAM-once")
@@ -111,8 +139,15 @@ def main() -> int:
         f" shape {s}: Spearman / within 10% |" for s in shapes)
     print(head)
     print("|---" * (3 + len(shapes)) + "|")
+    l1 = meta["device"]["levels"][0]["bandwidth_gbs"] * 1e9
+    combos = dict(COMBINATIONS)
+    combos["accumulator term alone"] = lambda c: accumulator_term(c, l1)
+    combos["max + accumulator term"] = lambda c: max(c.tile["terms"].values()) + \
+        accumulator_term(c, l1)
+    combos["sum of terms + accumulator term"] = lambda c: COMBINATIONS["sum of terms"](c) + \
+        accumulator_term(c, l1)
     rows = [(name, lambda shape, fn=fn: evaluate(by_wl, fn, shape))
-            for name, fn in COMBINATIONS.items()]
+            for name, fn in combos.items()]
     rows += [(f"calibrated weights, {how} (leave-one-workload-out)",
               lambda shape, how=how: evaluate_calibrated(by_wl, how, shape)) for how in ("max", "sum")]
     for name, ev in rows:
@@ -122,6 +157,11 @@ def main() -> int:
             sp_s, w_s, _ = ev(s)
             row += f" {sp_s:.2f} / {w_s:.2f} |"
         print(row)
+    print()
+    print("| feature | median Spearman with the measured time (workloads) |")
+    print("|---|---|")
+    for f, (sp, n) in sorted(feature_correlations(by_wl).items(), key=lambda kv: -abs(kv[1][0])):
+        print(f"| {f} | {sp:+.2f} ({n}) |")
     return 0
 
 
