@@ -6,7 +6,7 @@ import pytest
 import tvm
 
 import tvm_roller
-from tvm_roller.fusion import lower_cpu
+from tvm_roller.fusion import lower_cpu, split
 from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.fusion.workloads import gemm_chain
 from tvm_roller.suite import workloads as W
@@ -55,6 +55,29 @@ def test_fused_and_unfused_match_numpy(batch, m, k, l, n, middle):  # noqa: E741
             lib = tvm.compile(apply(func, chain, rows, 16).mod, target=tgt)
             assert_close(run(lib, arrays, out_shape, "float32"), ref,
                          5e-5 if middle == "softmax" else 2e-5)
+    # declined: the operators one by one, each with roller's schedule for it alone
+    lib = tvm.compile(_operators_in_turn(func, chain).mod, target=tgt)
+    assert_close(run(lib, arrays, out_shape, "float32"), ref, 5e-5 if middle == "softmax" else 2e-5)
+
+
+def _operators_in_turn(func, chain):
+    return split.build_unfused(func, chain,
+                               lambda part: tvm_roller.schedule(part, TARGET, device=device()))
+
+
+def test_split_keeps_operators_apart():
+    """The declined build is three functions' kernels in one: the first matmul with nothing
+    after it, softmax, the second matmul, the intermediates allocated between them."""
+    func = gemm_chain([3], 37, 13, 41, 11, "softmax")
+    chain = detect_chain(func)
+    parts, between = split.split_chain(func, chain)
+    assert [len(list(p.params)) for p in parts] == [3, 2, 3]
+    assert [b.name for b in between] == ["C", "S"]
+    p = tvm_roller.plan(func, TARGET, device=device())
+    assert not p.fusion.fuse  # 3 x 37 x 41 scores fit any L2
+    sch = tvm_roller.api.apply(p, p.tiles[0])
+    assert not sch.trace.insts  # IR of the stitched operators, not a trace
+    assert tvm_roller.api.apply(p, p.tiles[0], traceable=True).trace.insts
 
 
 def test_detection_negative():
@@ -133,5 +156,7 @@ def test_conv_chain_fused_and_unfused(shape):
         for rows in sorted({1, w}):
             lib = tvm.compile(apply(func, chain, rows, 16).mod, target=tgt)
             assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
+    lib = tvm.compile(_operators_in_turn(func, chain).mod, target=tgt)
+    assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
     lib = tvm_roller.build(func, TARGET, device=device())  # whatever the model decides
     assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)

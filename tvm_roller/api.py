@@ -112,14 +112,21 @@ def _plan_fusion(p: Plan) -> None:
                 "fused" if p.fusion.fuse else "not fused", p.fusion.reason)
 
 
-def apply(p: Plan, tile: RTile) -> s_tir.Schedule:
+def apply(p: Plan, tile: RTile, traceable: bool = False) -> s_tir.Schedule:
+    """``tile`` applied to the planned function. A chain roller declines to fuse is built as its
+    operators one by one, each with roller's own schedule for it alone; that result is IR, not
+    a trace, so ``traceable=True`` (MetaSchedule records) takes a one-function schedule of the
+    operators in turn instead."""
     from .lower import cpu, cuda
 
     func = p.analysis.func
     if p.chain is not None:  # the chain's own kernels: fused, or its operators in turn
-        from .fusion import lower_cpu
+        from .fusion import lower_cpu, split
         from .fusion.planner import rows_per_task
 
+        if not p.fusion.fuse and not traceable:
+            return split.build_unfused(func, p.chain,
+                                       lambda part: _schedule_alone(part, p.target, p.device))
         rows = rows_per_task(p.chain, p.fusion, p.device)
         lanes = p.device.simd_lanes(p.chain.dtype)
         how = lower_cpu.apply_fused if p.fusion.fuse else lower_cpu.apply_unfused
@@ -131,6 +138,11 @@ def apply(p: Plan, tile: RTile) -> s_tir.Schedule:
     if tile.kind == "tiled":
         return cpu.apply_tiled(func, p.analysis, tile)
     return cpu.apply_streaming(func, p.analysis, tile, p.device.num_units)
+
+
+def _schedule_alone(func, target: tvm.target.Target, device: DeviceModel) -> s_tir.Schedule:
+    p = plan(func, target, 1, device)
+    return apply(p, p.tiles[0])
 
 
 def schedule(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None):

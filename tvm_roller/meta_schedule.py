@@ -369,7 +369,7 @@ def _plan_candidates(tasks: Sequence[Task], target, topk: int, device: Optional[
             continue
         for rank, tile in enumerate(p.tiles):
             try:
-                sch = api.apply(p, tile)
+                sch = api.apply(p, tile, traceable=True)
                 # The database replays every trace when it is loaded: a trace that doesn't replay
                 # on the workload would make the whole JSONDatabase unreadable.
                 check = tvm.s_tir.Schedule(task.workload)

@@ -1,0 +1,134 @@
+"""A chain roller declines to fuse, built as its operators one by one: the same kernels roller
+builds for each operator alone, in one function.
+
+The chain's PrimFunc is cut into operator groups, each the function of a single operator (the
+first matmul with its padding and the elementwise stages after it; the row-wise stages such as
+softmax; the second matmul), each group is planned and scheduled by roller as if it were alone,
+and the scheduled bodies are put back in order into the chain's function, the intermediates
+between groups allocated there. Each group keeps the original buffers, so the stitched function
+has the chain's parameters and nothing is copied.
+
+The result is scheduled IR, not a schedule trace: MetaSchedule records take the traceable
+in-function schedule (``lower_cpu.apply_unfused``) instead.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..analysis import unwrap_func
+from ..analysis.visit import post_order_visit
+from ..errors import UnsupportedError
+from .chain import GemmChain
+
+
+def _is_injective(block) -> bool:
+    return all(int(iv.iter_type) == 0 for iv in block.iter_vars)
+
+
+def _root(func: tirx.PrimFunc):
+    realize = func.body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        raise UnsupportedError("chain function without a root block: cannot split it")
+    return realize.block
+
+
+def _top_level(root) -> List[tirx.Stmt]:
+    body = root.body
+    return list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+
+
+def _block_of(stmt: tirx.Stmt):
+    """The one block a top-level loop nest of ``te.create_prim_func`` computes."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, s_tir.SBlock):
+            found.append(node)
+
+    post_order_visit(stmt, visit)
+    if len(found) != 1:
+        raise UnsupportedError(f"a top-level loop nest with {len(found)} blocks: cannot split "
+                               "the chain into its operators")
+    return found[0]
+
+
+def operator_groups(chain: GemmChain, blocks: Dict[str, object]) -> List[List[str]]:
+    """The chain's blocks as the operators a model would run one by one: the first matmul with
+    its prologue and the elementwise stages after it (an epilogue), the rest of the stages
+    (a row-wise op such as softmax), the second matmul."""
+    between = list(chain.between)
+    lead = 0
+    while lead < len(between) and _is_injective(blocks[between[lead]]):
+        lead += 1
+    groups = [chain.producers + [chain.first] + between[:lead]]
+    if between[lead:]:
+        groups.append(between[lead:])
+    groups.append([chain.second])
+    return groups
+
+
+def split_chain(func: tirx.PrimFunc, chain: GemmChain):
+    """(group PrimFuncs, the intermediate buffers between groups): one PrimFunc per operator
+    group, sharing the chain's Buffer objects."""
+    func = unwrap_func(func)
+    root = _root(func)
+    stmts = _top_level(root)
+    owner = {}  # block name -> its top-level statement
+    blocks = {}
+    for stmt in stmts:
+        blk = _block_of(stmt)
+        owner[blk.name_hint] = stmt
+        blocks[blk.name_hint] = blk
+    groups = operator_groups(chain, blocks)
+    if sorted(n for g in groups for n in g) != sorted(owner):
+        raise UnsupportedError("the chain's function has blocks outside the chain: cannot split")
+
+    # buffers by identity: two operators' outputs may share a name (TOPI's "conv2d_nhwc")
+    params = {p.id_ for p in func.params}  # 0.27: a parameter is its buffer
+    allocated = {b.id_ for b in root.alloc_buffers}
+    written_by = {}
+    for g, names in enumerate(groups):
+        for n in names:
+            for w in blocks[n].writes:
+                written_by[w.source.id_] = g
+    parts, between = [], []
+    for g, names in enumerate(groups):
+        reads = {r.source.id_: r.source for n in names for r in blocks[n].reads}
+        writes = {w.source.id_: w.source for n in names for w in blocks[n].writes}
+        used_later = {r.source.id_ for h in groups[g + 1:] for n in h for r in blocks[n].reads}
+        inputs = [b for key, b in reads.items() if written_by.get(key) != g]
+        outputs = [b for key, b in writes.items() if key in used_later or key in params]
+        local = [b for key, b in writes.items()
+                 if key not in used_later and key not in params and key in allocated]
+        between += [b for key, b in writes.items() if key in used_later and key not in params]
+        body = s_tir.SBlockRealize([], True, s_tir.SBlock(
+            [], [], [], "root", tirx.SeqStmt([owner[n] for n in names])
+            if len(names) > 1 else owner[names[0]], alloc_buffers=local))
+        parts.append(tirx.PrimFunc(inputs + outputs, body, attrs=func.attrs))
+    return parts, between
+
+
+def stitch(func: tirx.PrimFunc, scheduled: Sequence[tirx.PrimFunc],
+           between: Sequence[tirx.Buffer]) -> tirx.PrimFunc:
+    """The chain's function with each group's scheduled body in turn."""
+    func = unwrap_func(func)
+    stmts, allocs = [], list(between)
+    for part in scheduled:
+        root = _root(part)
+        allocs += list(root.alloc_buffers)
+        stmts.append(root.body)
+    body = s_tir.SBlockRealize([], True, s_tir.SBlock(
+        [], [], [], "root", tirx.SeqStmt(stmts), alloc_buffers=allocs))
+    return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
+
+
+def build_unfused(func: tirx.PrimFunc, chain: GemmChain,
+                  schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
+    """The chain as its operators one by one, each scheduled by ``schedule_one`` (roller's own
+    plan and lowering for a single operator): a Schedule of the stitched function."""
+    parts, between = split_chain(func, chain)
+    scheduled = [schedule_one(part).mod["main"] for part in parts]
+    return s_tir.Schedule(tvm.IRModule({"main": stitch(func, scheduled, between)}))
