@@ -5,12 +5,16 @@ unfused by roller (one PrimFunc each, run in turn), numpy and PyTorch, same run,
 
 Prints a markdown table: each time is the median of repeated runs; "fused / unfused" is the
 speed-up of the fused kernel over roller's unfused operators; the predicted traffic columns are the
-data-movement model's (outer level, fused vs unfused).
+data-movement model's (outer level, fused vs unfused); "% of peak" is the chain's FLOP rate
+against the machine's calibrated float32 peak, and "ceiling" the most any kernel could gain
+over the unfused one (peak / unfused rate): a chain whose unfused operators already run near
+the peak is compute-bound, and fusing it cannot save more than that.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -129,11 +133,16 @@ def main() -> int:
             t_torch = _median_time(torch_chain)
         t_numpy = _median_time(numpy_chain) if numpy_chain else float("nan")
         plan = p.fusion
+        c = p.chain
+        flops = 2.0 * math.prod(c.batch or [1]) * c.m * c.l * (c.k + c.n)
+        peak = p.device.peak_gflops["float32"] * 1e9  # calibrated on this machine
         row = {"chain": name, "intermediate_mib": p.chain.intermediate_bytes / 2**20,
                "decision": "fused" if plan.fuse else "unfused", "rows_per_task": rws,
                "fused_ms": t_fused * 1e3, "unfused_roller_ms": t_unfused * 1e3,
                "build_ms": t_built * 1e3,
                "torch_ms": t_torch * 1e3, "numpy_ms": t_numpy * 1e3, "max_rel_err": err,
+               "unfused_peak_fraction": flops / peak / t_unfused,
+               "fused_peak_fraction": flops / peak / t_fused,
                "predicted_fused_mib": plan.least_total_fused / 2**20,
                "predicted_unfused_mib": plan.least_total_unfused / 2**20}
         rows.append(row)
@@ -141,15 +150,16 @@ def main() -> int:
     print()
     print("| chain | intermediate | model's decision | fused ms | unfused roller ms | "
           "fused / unfused | build() ms | build() / unfused | build() × PyTorch | × numpy | "
-          "predicted traffic, fused / unfused |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "predicted traffic, fused / unfused | unfused, fused at % of peak | ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['chain']} | {r['intermediate_mib']:.2f} MiB | {r['decision']} | "
               f"{r['fused_ms']:.3f} | {r['unfused_roller_ms']:.3f} | "
               f"{r['unfused_roller_ms'] / r['fused_ms']:.2f}× | {r['build_ms']:.3f} | "
               f"{r['unfused_roller_ms'] / r['build_ms']:.2f}× | {r['torch_ms'] / r['build_ms']:.2f}× | "
               f"{r['numpy_ms'] / r['build_ms']:.2f}× | {r['predicted_fused_mib']:.1f} / "
-              f"{r['predicted_unfused_mib']:.1f} MiB |")
+              f"{r['predicted_unfused_mib']:.1f} MiB | {100 * r['unfused_peak_fraction']:.0f}%, "
+              f"{100 * r['fused_peak_fraction']:.0f}% | {1 / r['unfused_peak_fraction']:.2f}× |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))

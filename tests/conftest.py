@@ -162,3 +162,32 @@ def conv2d_transpose_nhwc(x, w, stride, padding):
 def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+# -- GEMM chains (fusion): float64 references -------------------------------------------------
+def chain_inputs(batch, m, k, l, n):  # noqa: E741
+    bs = tuple(batch or ())
+    return [rand(bs + (m, k), seed=1), rand(bs + (k, l), seed=2), rand(bs + (l, n), seed=3)]
+
+
+def chain_reference(a, b, d, middle):
+    """f(a . b) . d in float64, f one of none, relu, gelu (tanh form), softmax over the rows."""
+    c = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    if middle == "relu":
+        c = np.maximum(c, 0.0)
+    elif middle == "gelu":
+        c = 0.5 * c * (1.0 + np.tanh(0.7978845608 * (c + 0.044715 * c ** 3)))
+    elif middle == "softmax":
+        c = softmax(c)
+    return np.matmul(c, d.astype(np.float64))
+
+
+def conv_chain_reference(x, w1, w2):
+    """NHWC 3x3 conv (padding 1) -> ReLU -> 1x1 conv in float64."""
+    n, h, w, _ = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    y = np.zeros((n, h, w, w1.shape[-1]))
+    for dh in range(3):
+        for dw in range(3):
+            y += xp[:, dh:dh + h, dw:dw + w, :] @ w1[dh, dw].astype(np.float64)
+    return np.maximum(y, 0.0) @ w2[0, 0].astype(np.float64)

@@ -11,24 +11,12 @@ from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.fusion.workloads import gemm_chain
 from tvm_roller.suite import workloads as W
 
-from conftest import TARGET, assert_close, device, rand, run
+from conftest import (TARGET, assert_close, chain_inputs, chain_reference, conv_chain_reference,
+                      device, rand, run)
 
 
-def _reference(a, b, d, middle):
-    c = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    if middle == "relu":
-        c = np.maximum(c, 0.0)
-    elif middle == "gelu":
-        c = 0.5 * c * (1.0 + np.tanh(0.7978845608 * (c + 0.044715 * c ** 3)))
-    elif middle == "softmax":
-        c = np.exp(c - c.max(axis=-1, keepdims=True))
-        c /= c.sum(axis=-1, keepdims=True)
-    return np.matmul(c, d.astype(np.float64))
 
 
-def _inputs(batch, m, k, l, n):  # noqa: E741
-    bs = tuple(batch or ())
-    return [rand(bs + (m, k), seed=1), rand(bs + (k, l), seed=2), rand(bs + (l, n), seed=3)]
 
 
 CASES = [  # (batch, m, k, l, n, middle)
@@ -45,8 +33,8 @@ def test_fused_and_unfused_match_numpy(batch, m, k, l, n, middle):  # noqa: E741
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)
     assert chain is not None and (chain.m, chain.k, chain.l, chain.n) == (m, k, l, n)
-    arrays = _inputs(batch, m, k, l, n)
-    ref = _reference(*arrays, middle)
+    arrays = chain_inputs(batch, m, k, l, n)
+    ref = chain_reference(*arrays, middle)
     tgt = tvm_roller.hardware.normalize_target(TARGET)
     out_shape = tuple(batch or ()) + (m, n)
     divisors = [d for d in (1, 2, 3, 4, 8, 16, m) if m % d == 0]
@@ -100,8 +88,8 @@ def test_build_small_chain_correct_either_way():
     p = tvm_roller.plan(func, TARGET, device=device())
     assert p.chain is not None
     lib = tvm_roller.build(func, TARGET, device=device())
-    arrays = _inputs([2], 16, 8, 16, 8)
-    assert_close(run(lib, arrays, (2, 16, 8), "float32"), _reference(*arrays, "relu"), 2e-5)
+    arrays = chain_inputs([2], 16, 8, 16, 8)
+    assert_close(run(lib, arrays, (2, 16, 8), "float32"), chain_reference(*arrays, "relu"), 2e-5)
 
 
 @pytest.mark.parametrize("seq", [128, 512])
@@ -145,12 +133,7 @@ def test_conv_chain_fused_and_unfused(shape):
     chain = detect_chain(func)
     assert chain is not None and chain.producers and chain.l == cm and chain.n == co
     x, w1, w2 = rand((n, h, w, ci), seed=1), rand((3, 3, ci, cm), seed=2), rand((1, 1, cm, co), seed=3)
-    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    y = np.zeros((n, h, w, cm))
-    for dh in range(3):
-        for dw in range(3):
-            y += xp[:, dh:dh + h, dw:dw + w, :] @ w1[dh, dw].astype(np.float64)
-    ref = np.maximum(y, 0.0) @ w2[0, 0].astype(np.float64)
+    ref = conv_chain_reference(x, w1, w2)
     tgt = tvm_roller.hardware.normalize_target(TARGET)
     for apply in (lower_cpu.apply_fused, lower_cpu.apply_unfused):
         for rows in sorted({1, w}):

@@ -22,36 +22,27 @@ import numpy as np
 import pytest
 import tvm
 
+import tvm_roller
 from tvm_roller import hardware
 from tvm_roller.errors import UnsupportedError
 from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.fusion.lower_cuda import CudaChainPlan, apply_fused_cuda, plan_cuda_chain
-from tvm_roller.fusion.workloads import gemm_chain
+from tvm_roller.fusion import split
+from tvm_roller.fusion.workloads import conv_chain, gemm_chain
 from tvm_roller.hardware import gpu
 from tvm_roller.lower.cuda_build import check
 from tvm_roller.lower.cuda_replica import cpu_replica
 
-from conftest import assert_close, cuda_target, rand, run
+from conftest import (assert_close, chain_inputs, chain_reference, conv_chain_reference,
+                      cuda_target, rand, run)
 
 H100 = hardware.preset("h100")
+SM90 = cuda_target("sm_90")
 TOL = 1e-4
 
 
-def _reference(a, b, d, middle):
-    c = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    if middle == "relu":
-        c = np.maximum(c, 0.0)
-    elif middle == "gelu":
-        c = 0.5 * c * (1.0 + np.tanh(0.7978845608 * (c + 0.044715 * c ** 3)))
-    elif middle == "softmax":
-        c = np.exp(c - c.max(axis=-1, keepdims=True))
-        c /= c.sum(axis=-1, keepdims=True)
-    return np.matmul(c, d.astype(np.float64))
 
 
-def _inputs(batch, m, k, l, n):  # noqa: E741
-    bs = tuple(batch or ())
-    return [rand(bs + (m, k), seed=1), rand(bs + (k, l), seed=2), rand(bs + (l, n), seed=3)]
 
 
 CASES = [  # (batch, m, k, l, n, middle)
@@ -68,8 +59,8 @@ CASES = [  # (batch, m, k, l, n, middle)
 def test_replica_matches_numpy(batch, m, k, l, n, middle):  # noqa: E741
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)
-    arrays = _inputs(batch, m, k, l, n)
-    ref = _reference(*arrays, middle)
+    arrays = chain_inputs(batch, m, k, l, n)
+    ref = chain_reference(*arrays, middle)
     out_shape = tuple(batch or ()) + (m, n)
     planned = plan_cuda_chain(chain, H100, func)
     assert planned.fits and planned.reason
@@ -80,6 +71,40 @@ def test_replica_matches_numpy(batch, m, k, l, n, middle):  # noqa: E741
         sch = apply_fused_cuda(func, chain, cplan, H100)
         lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
         assert_close(run(lib, arrays, out_shape, "float32"), ref, TOL)
+
+
+@pytest.mark.parametrize("batch,m,k,l,n,middle", CASES[:4])
+def test_roller_cuda_chain_fused_or_one_by_one(batch, m, k, l, n, middle):  # noqa: E741
+    """What ``tvm_roller.build`` makes of a chain for CUDA, fused or (declined) its operators
+    one by one with roller's CUDA schedules, run as a CPU replica."""
+    func = gemm_chain(batch, m, k, l, n, middle)
+    p = tvm_roller.plan(func, SM90, device=H100)
+    assert p.chain is not None and p.fusion.reason
+    sch = tvm_roller.api.apply(p, p.tiles[0])
+    lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
+    arrays = chain_inputs(batch, m, k, l, n)
+    assert_close(run(lib, arrays, tuple(batch or ()) + (m, n), "float32"),
+                 chain_reference(*arrays, middle), TOL)
+    # and the operators one by one whatever the decision
+    one_by_one = split.build_unfused(func, p.chain,
+                                     lambda part: tvm_roller.schedule(part, SM90, device=H100))
+    lib = tvm.compile(cpu_replica(one_by_one.mod), target="llvm")
+    assert_close(run(lib, arrays, tuple(batch or ()) + (m, n), "float32"),
+                 chain_reference(*arrays, middle), TOL)
+
+
+def test_conv_chain_on_cuda_one_by_one():
+    """A conv chain (padding before the first operator) is not fused on the GPU: its operators
+    are built one by one, and the whole chain compiles with nvcc."""
+    func = conv_chain(1, 9, 7, 5, 6, 3)
+    p = tvm_roller.plan(func, SM90, device=H100)
+    assert not p.fusion.fuse and "before the first matmul" in p.fusion.reason
+    sch = tvm_roller.api.apply(p, p.tiles[0])
+    assert check(sch.mod, SM90).ok
+    x, w1, w2 = rand((1, 9, 7, 5), seed=1), rand((3, 3, 5, 6), seed=2), rand((1, 1, 6, 3), seed=3)
+    lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
+    assert_close(run(lib, [x, w1, w2], (1, 9, 7, 3), "float32"), conv_chain_reference(x, w1, w2),
+                 TOL)
 
 
 ATTENTION = ([12], 512, 64, 512, 64, "softmax")  # BERT-base: 12 heads, 512 tokens, head 64
@@ -311,7 +336,7 @@ def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # 
     cplan = plan_cuda_chain(chain, H100, func, rows=rows)
     bundle = kernel_launches(apply_fused_cuda(func, chain, cplan, H100).mod, cuda_target("sm_90"))
     (launch,) = bundle.launches
-    a, b, d = _inputs(batch, m, k, l, n)
+    a, b, d = chain_inputs(batch, m, k, l, n)
     e = np.full(tuple(batch or ()) + (m, n), np.nan, dtype=np.float32)
     out = _emulate(bundle.source, launch, {"A": a, "B": b, "D": d, "E": e}, "E", tmp_path)
-    assert_close(out, _reference(a, b, d, middle), TOL)
+    assert_close(out, chain_reference(a, b, d, middle), TOL)

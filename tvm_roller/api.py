@@ -77,16 +77,9 @@ def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] 
     tgt, dev, notes = resolve_target(target, device)
     backend = _backend(tgt)
     fa = analyze(func, backend)
-    if backend == "cuda" and _may_be_chain(fa):
-        from .fusion.chain import detect_chain
-
-        if detect_chain(fa.func) is not None:
-            raise UnsupportedError("a chain of two matmuls: fused kernels are CPU-only so far; "
-                                   "build its operators as separate functions for CUDA")
     tiles = (policy_gpu if backend == "cuda" else policy).construct(fa, dev, topk)
     p = Plan(fa, tgt, dev, tiles, notes)
-    if backend == "cpu":
-        _plan_fusion(p)
+    _plan_fusion(p)
     p.construct_s = time.perf_counter() - t0
     return p
 
@@ -107,7 +100,12 @@ def _plan_fusion(p: Plan) -> None:
     if chain is None:
         return
     p.chain = chain
-    p.fusion = plan_gemm_chain(chain, p.device)
+    if p.device.kind == "gpu":
+        from .fusion.lower_cuda import plan_cuda_chain
+
+        p.fusion = plan_cuda_chain(chain, p.device, p.analysis.func)
+    else:
+        p.fusion = plan_gemm_chain(chain, p.device)
     logger.info("tvm_roller: GEMM chain %s -> %s: %s (%s)", chain.first, chain.second,
                 "fused" if p.fusion.fuse else "not fused", p.fusion.reason)
 
@@ -127,6 +125,13 @@ def apply(p: Plan, tile: RTile, traceable: bool = False) -> s_tir.Schedule:
         if not p.fusion.fuse and not traceable:
             return split.build_unfused(func, p.chain,
                                        lambda part: _schedule_alone(part, p.target, p.device))
+        if not p.fusion.fuse and tile.backend == "cuda":
+            raise UnsupportedError("a GEMM chain not fused on the GPU has no one-function "
+                                   "schedule trace: schedule its operators as separate functions")
+        if tile.backend == "cuda":
+            from .fusion.lower_cuda import apply_fused_cuda
+
+            return apply_fused_cuda(func, p.chain, p.fusion, p.device)
         rows = rows_per_task(p.chain, p.fusion, p.device)
         lanes = p.device.simd_lanes(p.chain.dtype)
         how = lower_cpu.apply_fused if p.fusion.fuse else lower_cpu.apply_unfused

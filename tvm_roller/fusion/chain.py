@@ -37,6 +37,8 @@ class GemmChain:
     dtype: str = "float32"
     elem_bytes: int = 4
     producers: List[str] = field(default_factory=list)  # before the first op (padding)
+    # the first op's reduction extents when it has several (a convolution: kh, kw, c_in)
+    window: List[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,7 +56,7 @@ def _blocks(sch: s_tir.Schedule):
 
 
 def _matmul_axes(blk) -> Optional[tuple]:
-    """(spatial extents, reduction volume, input buffer names) of a block that multiplies two
+    """(spatial extents, reduction extents, input buffer names) of a block that multiplies two
     inputs: the first input's last dimension is the (last) reduction axis, the second's is the
     output's last axis and it uses every reduction axis — a (batch) matmul in NN layout, or an
     NHWC convolution read as one (rows: the output's w, the reduction: the window and input
@@ -75,7 +77,7 @@ def _matmul_axes(blk) -> Optional[tuple]:
             any(r not in b.axes_used() for r in red):
         return None
     ext = [int(iv.dom.extent) for iv in ivs]
-    return ([ext[i] for i in spatial], math.prod(ext[r] for r in red),
+    return ([ext[i] for i in spatial], [ext[r] for r in red],
             (reads[0].source.name, reads[1].source.name))
 
 
@@ -90,7 +92,8 @@ def detect_chain(func) -> Optional[GemmChain]:
     mm = [(i, b, ax) for i, b, ax in mm if ax is not None]
     if len(mm) != 2 or mm[1][0] != len(blocks) - 1:
         return None
-    (i1, first, (s1, k, _)), (_, second, (s2, l2, ins2)) = mm
+    (i1, first, (s1, window, _)), (_, second, (s2, red2, ins2)) = mm
+    k, l2 = math.prod(window), math.prod(red2)
     producers = blocks[:i1]  # e.g. a convolution's padding: elementwise, computed per row block
     if any(any(int(iv.iter_type) != 0 for iv in blk.iter_vars) for blk in producers):
         return None
@@ -111,4 +114,5 @@ def detect_chain(func) -> Optional[GemmChain]:
         raise UnsupportedError(f"GEMM chain in {dtype}: the fused CPU kernel takes float32/float64")
     return GemmChain(first.name_hint, second.name_hint, [b.name_hint for b in between],
                      list(batch1), m, k, l1, n, dtype, 4 if dtype == "float32" else 8,
-                     producers=[b.name_hint for b in producers])
+                     producers=[b.name_hint for b in producers],
+                     window=window if len(window) > 1 else [])

@@ -256,6 +256,10 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
     fits = smem <= limit and chain.dtype == "float32"
     if chain.dtype != "float32":
         why.append(f"dtype {chain.dtype}: the fused CUDA kernel takes float32 only")
+    if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
+        fits = False
+        why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "
+                   "CUDA kernel takes plain (batch) matmuls only")
     why.append(f"{blocks} thread blocks of {rows} rows on {sms} SMs"
                + ("" if blocks >= sms else " (too few to fill the SMs)"))
     tf = traffic(rows, l1, l2)

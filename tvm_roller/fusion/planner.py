@@ -15,6 +15,21 @@ from ..policy import L2_FILL
 from .chain import GemmChain
 
 
+def describe_loops(chain: GemmChain):
+    """(the movement model's description of ``chain``, its row loop, its intermediate's column
+    loop). A convolution chain (NHWC, rows: the output's w) is described as one, its input
+    indexed by the output's h and w: read as a GEMM its K = kh x kw x C_in would count each
+    input element kh x kw times."""
+    from . import movement
+
+    if chain.producers and len(chain.window) == 3 and len(chain.batch) == 2:
+        kh, kw, c_in = chain.window
+        return (movement.conv_chain(chain.batch[0], chain.batch[1], chain.m, c_in, chain.l,
+                                    chain.n, kh, kw, chain.elem_bytes), "w", "cm")
+    return (movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
+                                chain.elem_bytes), "m", "l")
+
+
 def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     """The movement model's ChainPlan for ``chain`` on ``dev``.
 
@@ -26,10 +41,9 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     from . import movement
 
     def describe_chain(whole_rows: bool):
-        desc = movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
-                                   chain.elem_bytes)
+        desc, _, cols = describe_loops(chain)
         for loop in desc.loops:
-            loop.untiled = loop.untiled or (whole_rows and loop.name == "l")
+            loop.untiled = loop.untiled or (whole_rows and loop.name == cols)
         return desc
 
     plan = movement.plan_chain(describe_chain(True), dev, include_compute=False)
@@ -73,7 +87,7 @@ def decide(plan, dev: DeviceModel, intermediate_bytes: int) -> None:
 
 def rows_per_task(chain: GemmChain, plan, dev: DeviceModel) -> int:
     """The plan's row tile, made a divisor of m, and small enough that every core gets tasks."""
-    want = max(1, int(plan.tiles.get("m", chain.m)))
+    want = max(1, int(plan.tiles.get(describe_loops(chain)[1], chain.m)))
     batch = math.prod(chain.batch)
     divisors = [d for d in range(1, chain.m + 1) if chain.m % d == 0]
     rows = max(d for d in divisors if d <= want)
@@ -92,5 +106,14 @@ def describe(chain: GemmChain, plan) -> List[str]:
              f"{chain.intermediate_bytes / 2**20:.2f} MiB",
              f"decision: {'fused' if plan.fuse else 'not fused (operators one by one)'}: "
              f"{plan.reason}"]
+    if hasattr(plan, "thread_tile"):  # the fused CUDA kernel's plan (fusion.lower_cuda)
+        lines.append(f"  fused kernel: {plan.rows} rows per thread block, {plan.blocks} blocks "
+                     f"of {plan.threads} threads, register tiles {plan.thread_tile} and "
+                     f"{plan.thread_tile2}, {plan.smem_bytes} B of shared memory "
+                     f"({plan.smem_limit_bytes} B per block)")
+        lines.append(f"  predicted traffic into shared memory: fused "
+                     f"{plan.traffic_fused / 2**20:.1f} MiB, unfused "
+                     f"{plan.traffic_unfused / 2**20:.1f} MiB")
+        return lines
     lines += ["  " + line for line in movement.format_plan(plan).splitlines()]
     return lines
