@@ -1,32 +1,46 @@
-"""Device check of CUDA kernels: roller's schedules vs TVM's dlight default vs PyTorch, on a GPU.
+"""Device check of CUDA kernels: roller's schedules vs TVM's dlight default vs PyTorch, and
+roller's fused GEMM chains (Chimera) vs the same operators unfused vs PyTorch, on a GPU.
 
 Two halves, because the GPU machine has PyTorch and CuPy but no TVM:
 
-    python python/gpu_check.py build --out gpu_bundles [--ops GMM,SFM:0,HGEMM:1024] [--no-nvcc]
+    python python/gpu_check.py build --out gpu_bundles [--ops GMM,SFM:0,HGEMM:1024,CHAIN] [--no-nvcc]
         (here, with TVM and nvcc) For every workload (the 52 suite workloads and the fp16 GEMMs
         HGEMM:4096, HGEMM:1024, HGEMM:128x3072x768) schedule with roller (device model "h200")
-        and with dlight's default GPU rules, for sm_90, and write each module as a kernel bundle
-        (CUDA source + launches, see ``tvm_roller.lower.cuda_build.KernelBundle``), its cubin
-        (a fallback when NVRTC is unusable on the device), and ``manifest.json`` with shapes,
-        dtypes, named parameters, tolerances, ptxas data and the h200 preset. Bundles and cubins
-        are gzip-compressed: all 55 workloads take about 1 MiB (it is shipped to the GPU
-        machine); about 2 minutes on 2 cores, less when nvcc's results are cached.
+        and with dlight's default GPU rules, for sm_90. For the float32 GEMM chains
+        E = f(A . B) . D (``CHAINS``: CHAIN:attn512 = BERT-base attention, 12 heads x 512
+        tokens x head 64 with a row softmax; CHAIN:attn512-none, the same without it;
+        CHAIN:attn128 at 128 tokens; CHAIN:mlp, 128 x 768 -> 3072 -> 768 with tanh GELU) the two
+        implementations are "roller" (what ``tvm_roller.schedule`` gives: the fused kernel when
+        the plan's ``fusion.fuse``, else the operators one by one) and "unfused" (roller's own
+        kernel for each operator, ``fusion.split.build_unfused``: several launches, the
+        intermediates in workspaces); the entry records the model's decision and reason
+        (``fusion``). Each entry lists its implementations (``impls``). Every module is written
+        as a kernel bundle (CUDA source + launches + workspaces, see
+        ``tvm_roller.lower.cuda_build.KernelBundle``), its cubin (a fallback when NVRTC is
+        unusable on the device), and ``manifest.json`` with shapes, dtypes, named parameters,
+        tolerances, ptxas data and the h200 preset. Bundles and cubins are gzip-compressed: all
+        59 workloads take about 1 MiB (it is shipped to the GPU machine); about 2 minutes on 2
+        cores, less when nvcc's results are cached. ``--ops`` names workloads or classes
+        ("CHAIN" is every chain, "CHAIN:mlp" one).
 
     python python/gpu_check.py run gpu_bundles [--budget-s 420] [--ops ...] [--no-micro]
         (GPU machine: torch, cupy, numpy; never imports tvm) Measures the device constants
         (DRAM, L2 and shared-memory bandwidth, FP32 FMA peak, FP16 tensor-core peak) next to the
         preset; compiles every module up front, 8 at a time; then per workload: random inputs
-        (never zero), roller's and dlight's kernels through ``cupy.RawModule`` with the recorded
-        grids/blocks/dynamic shared memory (opting in above 48 KB), each checked against PyTorch
-        in float64 on the GPU (max error relative to the largest reference magnitude; the fp16
-        GEMMs allow 1e-2) with outputs pre-filled with NaN, and timed with CUDA events (median
-        over batches queued behind a GPU sleep, inputs rotated among copies so the L2 does not
-        flatter), with the PyTorch peer (cuBLAS/cuDNN; fp32 with TF32 off, fp16 for the GEMMs)
-        timed the same way. Prints a table ("vs dlight" = dlight time / roller time, so > 1
-        means roller is faster; likewise "vs torch") with geomeans over the workloads where both
-        are correct; writes gpu_check.json and gpu_check.md to $OUT when it is set. Workloads
-        not started when the budget is spent are reported as skipped, so it finishes in under
-        8 minutes on an H200.
+        (never zero), each implementation's kernels through ``cupy.RawModule`` with the recorded
+        grids/blocks/dynamic shared memory (opting in above 48 KB) and workspaces, each checked
+        against PyTorch in float64 on the GPU (max error relative to the largest reference
+        magnitude; the fp16 GEMMs allow 1e-2, the chains 1e-4) with outputs pre-filled with NaN,
+        and timed with CUDA events (median over batches queued behind a GPU sleep, inputs
+        rotated among copies so the L2 does not flatter), with the PyTorch peer (cuBLAS/cuDNN;
+        fp32 with TF32 off, fp16 for the GEMMs; a chain as matmul, relu / tanh GELU / softmax
+        over the last axis, matmul) timed the same way. Prints a table ("vs dlight" = dlight
+        time / roller time, so > 1 means roller is faster; likewise "vs torch") with geomeans
+        over the workloads where both are correct, then the chains' table ("model": fused or
+        not; "fused vs unfused" = unfused time / roller time, its geomean over the chains the
+        model fused; "x torch" = torch time / roller time); writes gpu_check.json and
+        gpu_check.md to $OUT when it is set. Workloads not started when the budget is spent are
+        reported as skipped, so it finishes in under 8 minutes on an H200.
 """
 from __future__ import annotations
 
@@ -53,6 +67,21 @@ FP16_TOL = 1e-2
 DEVICE = "cuda"  # where run() puts tensors; the tests replay run() on "cpu" with stand-ins
 HGEMMS = {"HGEMM:4096": (4096, 4096, 4096), "HGEMM:1024": (1024, 1024, 1024),
           "HGEMM:128x3072x768": (128, 3072, 768)}
+# GEMM chains E = f(A . B) . D (Chimera fusion), float32: name -> (batch, m, k, l, n, middle) as
+# in tvm_roller.fusion.workloads.gemm_chain (A [*batch, m, k], B [*batch, k, l], D [*batch, l, n])
+CHAINS: Dict[str, Tuple[Optional[List[int]], int, int, int, int, str]] = {
+    "CHAIN:attn512": ([12], 512, 64, 512, 64, "softmax"),  # BERT-base attention, 512 tokens
+    "CHAIN:attn512-none": ([12], 512, 64, 512, 64, "none"),  # the same without the softmax
+    "CHAIN:attn128": ([12], 128, 64, 128, 64, "softmax"),  # 128 tokens
+    "CHAIN:mlp": (None, 128, 768, 3072, 768, "gelu"),  # BERT-base MLP block, 128 tokens
+}
+CHAIN_TOL = 1e-4  # float32 with TVM's fast_exp in the softmax
+# the implementations of a manifest entry (its "impls"; the first is roller's, the one compared):
+# the suite and the fp16 GEMMs against TVM's dlight; a chain as roller builds it (fused when the
+# model says it pays) against roller's own kernels for its operators one by one
+SUITE_IMPLS = ("roller", "dlight")
+CHAIN_IMPLS = ("roller", "unfused")
+ROLLER_MADE = ("roller", "unfused")  # an UnsupportedError from these is roller declining
 
 
 def _safe(name: str) -> str:
@@ -77,8 +106,14 @@ def load_manifest(d: Path) -> Dict[str, Any]:
     return m
 
 
+def impls_of(wl: Dict[str, Any]) -> List[str]:
+    """The implementations a manifest entry (or result row) holds, roller's first."""
+    return list(wl.get("impls") or SUITE_IMPLS)  # manifests before chains: roller and dlight
+
+
 def select(workloads: List[Dict[str, Any]], ops: Optional[str]) -> List[Dict[str, Any]]:
-    """Manifest entries named by ``ops`` ("GMM,SFM:0,HGEMM:1024"; a class names all its shapes)."""
+    """Manifest entries named by ``ops`` ("GMM,SFM:0,HGEMM:1024,CHAIN:mlp"; a class names all
+    its shapes)."""
     if not ops:
         return workloads
     items = [s.strip().upper() for s in ops.split(",") if s.strip()]
@@ -106,24 +141,30 @@ def _hgemm_funcs() -> Dict[str, Callable[[], Any]]:
     return {name: (lambda n=name: gpu_workloads.create(n)) for name in HGEMMS}
 
 
-def _workload_specs(ops: Optional[str]) -> List[Tuple[str, str, Optional[Tuple[str, int]]]]:
-    """[(name, kind, (cls, idx) or None)] for the suite ("suite") and the fp16 GEMMs ("hgemm")."""
+def _workload_specs(ops: Optional[str], chains: Optional[Dict[str, Any]] = None
+                    ) -> List[Tuple[str, str, Optional[Tuple[str, int]]]]:
+    """[(name, kind, (cls, idx) or None)] for the suite ("suite"), the fp16 GEMMs ("hgemm") and
+    the GEMM chains ("chain"; ``chains`` maps their names to shapes, default ``CHAINS``)."""
     from tvm_roller.suite import workloads
 
-    items = [s.strip() for s in ops.split(",")] if ops else None
-    suite_items = [i for i in items if not i.upper().startswith("HGEMM")] if items else None
-    hgemm_items = [i.upper() for i in items if i.upper().startswith("HGEMM")] if items else None
+    chains = CHAINS if chains is None else chains
+    items = [s.strip() for s in ops.split(",") if s.strip()] if ops else None
+    special = ("HGEMM", "CHAIN")
+    suite_items = ([i for i in items if not i.upper().startswith(special)]
+                   if items is not None else None)
     out = []
     if suite_items is None or suite_items:
         for cls, idx in workloads.list_workloads(suite_items):
             out.append((workloads.workload_name(cls, idx), "suite", (cls, idx)))
-    for name in HGEMMS:
-        if hgemm_items is None or "HGEMM" in hgemm_items or name in hgemm_items:
-            out.append((name, "hgemm", None))
-    if hgemm_items:
-        unknown = [i for i in hgemm_items if i != "HGEMM" and i not in HGEMMS]
+    for cls, kind, names in (("HGEMM", "hgemm", list(HGEMMS)), ("CHAIN", "chain", list(chains))):
+        picked = [i.upper() for i in items if i.upper().startswith(cls)] if items else None
+        for name in names:
+            if picked is None or cls in picked or name.upper() in picked:
+                out.append((name, kind, None))
+        unknown = [i for i in picked or [] if i != cls and i not in [n.upper() for n in names]]
         if unknown:
-            raise SystemExit(f"unknown fp16 GEMM(s) {unknown}; known: {', '.join(HGEMMS)}")
+            what = "fp16 GEMM(s)" if cls == "HGEMM" else "GEMM chain(s)"
+            raise SystemExit(f"unknown {what} {unknown}; known: {', '.join(names)}")
     return out
 
 
@@ -172,29 +213,43 @@ def _write_impl(out: Path, stem: str, mod, ctx, target, dev, nvcc: bool) -> Dict
 
 
 def build(out: Path, ops: Optional[str] = None, nvcc: bool = True,
-          log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Write kernel bundles and ``manifest.json`` for the selected workloads into ``out``."""
+          log: Callable[[str], None] = print,
+          chains: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Write kernel bundles and ``manifest.json`` for the selected workloads into ``out``
+    (``chains``: the GEMM chains' shapes by name, default ``CHAINS``; the tests pass small ones)."""
     _repo_on_path()
     import tvm
 
     import tvm_roller
     from tvm_roller import hardware
     from tvm_roller.errors import UnsupportedError
+    from tvm_roller.fusion import split
+    from tvm_roller.fusion.workloads import gemm_chain
     from tvm_roller.suite import references, workloads
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("*.roller.*.gz"), *out.glob("*.dlight.*.gz")]:
-        old.unlink()  # bundles of an earlier build would only add to what is shipped
+    for impl in dict.fromkeys(SUITE_IMPLS + CHAIN_IMPLS):
+        for old in out.glob(f"*.{impl}.*.gz"):
+            old.unlink()  # bundles of an earlier build would only add to what is shipped
     target = tvm.target.Target({"tag": "nvidia/nvidia-h100", "arch": ARCH})
     dev = hardware.preset("h200")
     # roller's schedules compile under its PassContext (cp.async); dlight's under TVM's default
     hgemm = _hgemm_funcs()
+    chains = CHAINS if chains is None else chains
     entries = []
     t_all = time.perf_counter()
-    for name, kind, wl in _workload_specs(ops):
+    for name, kind, wl in _workload_specs(ops, chains):
         t0 = time.perf_counter()
-        if kind == "suite":
+        plans: List[Any] = []  # a chain's roller plan, made once for both of its impls
+        if kind == "chain":
+            batch, m, k, l, n, middle = chains[name]
+            batch = list(batch) if batch else None
+            func = gemm_chain(batch, m, k, l, n, middle)
+            entry = {"name": name, "kind": kind, "cls": "CHAIN", "idx": None,
+                     "params": {"batch": batch, "m": m, "k": k, "l": l, "n": n, "middle": middle},
+                     "tol": CHAIN_TOL, "memory_bound": False}
+        elif kind == "suite":
             cls, idx = wl
             func = workloads.create(cls, idx)
             entry = {"name": name, "kind": kind, "cls": cls, "idx": idx,
@@ -218,25 +273,69 @@ def build(out: Path, ops: Optional[str] = None, nvcc: bool = True,
         def dlight():
             return _dlight(func, target), tvm.transform.PassContext()
 
-        for impl, make in (("roller", roller), ("dlight", dlight)):
+        def chain_plan():
+            if not plans:
+                plans.append(tvm_roller.plan(func, target, device=dev))
+            return plans[0]
+
+        def chain_roller():
+            # what tvm_roller.schedule() does (plan, then apply the best rTile), with the plan
+            # kept: apply records there when the fused kernel refused a chain the model fused
+            p = chain_plan()
+            return tvm_roller.api.apply(p, p.tiles[0]).mod, tvm_roller.api.pass_context(target)
+
+        def chain_unfused():
+            # roller's own kernel for each operator alone, stitched into one function: several
+            # launches, the intermediates in workspaces
+            p = chain_plan()
+            if p.chain is None:
+                raise UnsupportedError("roller found no GEMM chain in the function")
+            sch = split.build_unfused(func, p.chain,
+                                      lambda part: tvm_roller.schedule(part, target, device=dev))
+            return sch.mod, tvm_roller.api.pass_context(target)
+
+        makers = ({"roller": chain_roller, "unfused": chain_unfused} if kind == "chain"
+                  else {"roller": roller, "dlight": dlight})
+        entry["impls"] = list(makers)
+        for impl, make in makers.items():
             ti = time.perf_counter()
             rec: Dict[str, Any] = {}
             try:
                 mod, ctx = make()
             except UnsupportedError as err:  # roller declined the function: a result, not a bug
-                rec = {"declined" if impl == "roller" else "error": _one_line(err)}
+                rec = {"declined" if impl in ROLLER_MADE else "error": _one_line(err)}
             except Exception as err:  # noqa: BLE001  (a broken schedule must not stop the others)
                 rec = {"error": _one_line(err)}
             else:
+                stem = f"{_safe(name)}.{impl}"
                 try:
-                    rec = _write_impl(out, f"{_safe(name)}.{impl}", mod, ctx, target, dev, nvcc)
+                    rec = _write_impl(out, stem, mod, ctx, target, dev, nvcc)
                 except Exception as err:  # noqa: BLE001
                     rec = {"error": _one_line(err)}
+                    if kind == "chain":
+                        # roller's cp.async PassContext fails to lower some stitched unfused
+                        # chains; TVM's default one still gives roller's kernels, recorded as such
+                        try:
+                            rec = _write_impl(out, stem, mod, tvm.transform.PassContext(), target,
+                                              dev, nvcc)
+                        except Exception as err2:  # noqa: BLE001
+                            rec["error_default_context"] = _one_line(err2)
+                        else:
+                            rec["built_under"] = "tvm default PassContext (no cp.async)"
+                            rec["roller_context_error"] = _one_line(err)
             rec["build_s"] = round(time.perf_counter() - ti, 3)
             entry[impl] = rec
+        if plans and plans[0].fusion is not None:  # the model's decision for the chain
+            fusion = plans[0].fusion
+            entry["fusion"] = json.loads(json.dumps(  # plain JSON (the plan has tuples)
+                {"fuse": bool(fusion.fuse), "reason": fusion.reason, "plan": fusion.to_dict()}))
         entries.append(entry)
         status = ", ".join(f"{i}: " + ("ok" if "bundle" in entry[i] else next(
-            k for k in ("declined", "error") if k in entry[i])) for i in ("roller", "dlight"))
+            k for k in ("declined", "error") if k in entry[i]))
+            + (" (tvm default PassContext)" if entry[i].get("built_under") else "")
+            for i in entry["impls"])
+        if "fusion" in entry:
+            status += ", " + ("fused" if entry["fusion"]["fuse"] else "not fused")
         log(f"{name:<20s} {status}  ({time.perf_counter() - t0:.1f} s)")
     from tvm_roller.lower.cuda_build import nvcc_version
 
@@ -468,6 +567,27 @@ def torch_op(cls: str, p: Dict[str, int],
         return (lambda: torch.softmax(xs[0], dim=1)), (lambda b: b)
     if cls == "HGEMM":
         return (lambda: torch.matmul(xs[0], xs[1])), (lambda c: c)
+    if cls == "CHAIN":  # E = f(A . B) . D, f as in tvm_roller.fusion.workloads.middle_stage
+        a, b, d = xs
+        middle = p["middle"]
+        if middle == "gelu" and a.dtype == torch.float64:
+            # the reference: the chain's own definition, constant and all
+            def mid(c):
+                return 0.5 * c * (1.0 + torch.tanh(0.7978845608 * (c + 0.044715 * c ** 3)))
+        elif middle == "gelu":  # the peer: PyTorch's fused tanh-form GELU (sqrt(2/pi) exactly)
+            def mid(c):
+                return F.gelu(c, approximate="tanh")
+        elif middle == "relu":
+            mid = torch.relu
+        elif middle == "softmax":
+            def mid(c):
+                return torch.softmax(c, dim=-1)
+        elif middle == "none":
+            def mid(c):
+                return c
+        else:
+            raise ValueError(f"unknown chain middle {middle!r}")
+        return (lambda: torch.matmul(mid(torch.matmul(a, b)), d)), (lambda e: e)
     raise ValueError(f"no torch op for class {cls!r}")
 
 
@@ -701,7 +821,7 @@ def load_all(wls: List[Dict[str, Any]], d: Path, cp: Any, workers: int = 8,
     reach is missing and is loaded on demand."""
     from concurrent.futures import ThreadPoolExecutor, wait
 
-    jobs = [(wl["name"], impl, wl[impl]) for wl in wls for impl in ("roller", "dlight")
+    jobs = [(wl["name"], impl, wl[impl]) for wl in wls for impl in impls_of(wl)
             if "bundle" in wl.get(impl, {})]
     if not jobs:
         return {}
@@ -727,11 +847,13 @@ def load_all(wls: List[Dict[str, Any]], d: Path, cp: Any, workers: int = 8,
 def check_workload(wl: Dict[str, Any], d: Path, cp: Any, l2_bytes: int,
                    budget_s: float = 0.25,
                    loaded: Optional[Dict[Tuple[str, str], Any]] = None) -> Dict[str, Any]:
-    """Correctness and time of roller's, dlight's and PyTorch's version of one workload."""
+    """Correctness and time of each implementation of one workload (roller's and dlight's, or a
+    chain's roller and unfused) and of PyTorch's version."""
     import torch
 
     loaded = loaded if loaded is not None else {}
-    row: Dict[str, Any] = {"name": wl["name"], "flops": wl["flops"], "bytes": wl["bytes"]}
+    row: Dict[str, Any] = {"name": wl["name"], "flops": wl["flops"], "bytes": wl["bytes"],
+                           **_row_info(wl)}
     gen = torch.Generator(device=DEVICE)
     gen.manual_seed(0)
     (out_shape, out_dtype), in_specs = wl["args"][-1], wl["args"][:-1]
@@ -745,7 +867,7 @@ def check_workload(wl: Dict[str, Any], d: Path, cp: Any, l2_bytes: int,
             for _ in range(copies)]
     row["copies"] = copies
     tol = float(wl["tol"])
-    for impl in ("roller", "dlight"):
+    for impl in impls_of(wl):
         info = wl.get(impl, {})
         res: Dict[str, Any] = {}
         row[impl] = res
@@ -758,6 +880,8 @@ def check_workload(wl: Dict[str, Any], d: Path, cp: Any, l2_bytes: int,
             if pre is None or isinstance(pre, Exception):  # not reached, or failed in a thread
                 pre = _load_impl(d, info, cp)
             bundle, cubin_path, module, load_s = pre
+            if info.get("built_under"):
+                res["built_under"] = info["built_under"]
             launcher = Launcher(bundle, cp, ARCH, cubin_path, module=module)
             res["load_s"] = round(load_s, 2)
             res["loaded_by"] = launcher.how
@@ -786,12 +910,21 @@ def check_workload(wl: Dict[str, Any], d: Path, cp: Any, l2_bytes: int,
     return row
 
 
+def _row_info(wl: Dict[str, Any]) -> Dict[str, Any]:
+    """What a result row repeats from its manifest entry beyond the name."""
+    info: Dict[str, Any] = {"kind": wl.get("kind", "suite"), "impls": impls_of(wl)}
+    if "fusion" in wl:
+        info["fusion"] = {k: wl["fusion"][k] for k in ("fuse", "reason")}
+    return info
+
+
 def _fmt_us(v: Optional[float]) -> str:
     return "-" if v is None else (f"{v:.1f}" if v < 1000 else f"{v:.0f}")
 
 
-def _speedup(row: Dict[str, Any], other: str) -> Optional[float]:
-    r, o = row.get("roller", {}), row.get(other, {})
+def _speedup(row: Dict[str, Any], other: str, base: str = "roller") -> Optional[float]:
+    """``other``'s time / ``base``'s time when both are correct (> 1: ``base`` is faster)."""
+    r, o = row.get(base, {}), row.get(other, {})
     if r.get("status") == "ok" and o.get("status") == "ok" and r.get("us") and o.get("us"):
         return o["us"] / r["us"]
     return None
@@ -812,8 +945,78 @@ def _status(res: Dict[str, Any]) -> str:
             "skipped": "skipped"}.get(s, s)
 
 
+def _grid(head: List[str], body: List[List[Any]]) -> Tuple[List[str], List[str]]:
+    """(plain-text lines, markdown lines) of a table: the first column left-aligned."""
+    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    text = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(str(c) for c in b) + " |" for b in body]
+    return text, md
+
+
+def _fmt_x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+# column titles of a chain's speed-ups (peer time / roller time); other peers get "vs <name>"
+CHAIN_LABELS = {"unfused": "fused vs unfused", "torch": "x torch"}
+
+
+def chain_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[str], Dict[str, Any]]:
+    """(text lines, markdown lines, summary) of GEMM-chain rows: each implementation of the row
+    (``impls``, roller's first) and PyTorch, with the model's decision ("model": fused or not)
+    and roller's speed-up over each of the others. Where the model declined to fuse, roller's
+    kernels are the unfused ones: "fused vs unfused" is then about 1 by construction, so its
+    geomean counts the chains the model fused only."""
+    impls = impls_of(rows[0])
+    base, peers = impls[0], impls[1:] + ["torch"]
+    if any(impls_of(r) != impls for r in rows):
+        raise ValueError(f"chain rows with different implementations: {[impls_of(r) for r in rows]}")
+    labels = [CHAIN_LABELS.get(q, f"vs {q}") for q in peers]
+    head = (["chain", "model"] + impls + ["torch"] + [f"{i} us" for i in impls + ["torch"]]
+            + labels)
+    fused = lambda r: bool(r.get("fusion", {}).get("fuse"))
+    body = []
+    for r in rows:
+        model = ("fused" if fused(r) else "unfused") if "fusion" in r else "-"
+        mark = lambda res: _status(res) + ("*" if res.get("built_under") else "")
+        body.append([r["name"], model] + [mark(r.get(i, {})) for i in impls + ["torch"]]
+                    + [_fmt_us(r.get(i, {}).get("us")) for i in impls + ["torch"]]
+                    + [_fmt_x(_speedup(r, q, base)) for q in peers])
+    summary: Dict[str, Any] = {
+        "chains": len(rows), "fused": [r["name"] for r in rows if fused(r)],
+        f"{base}_ok": sum(r.get(base, {}).get("status") == "ok" for r in rows),
+        f"{base}_wrong": [r["name"] for r in rows if r.get(base, {}).get("status") == "wrong"]}
+    gm = ["geomean", ""] + [""] * 2 * (len(impls) + 1)
+    for q, label in zip(peers, labels):
+        among = [r for r in rows if fused(r)] if q in impls else rows
+        key = "geomean_" + label.replace(" ", "_")
+        summary[key] = _geomean([_speedup(r, q, base) for r in among])
+        summary["n_" + label.replace(" ", "_")] = sum(_speedup(r, q, base) is not None
+                                                      for r in among)
+        gm.append(_fmt_x(summary[key]))
+        if q != "torch":
+            summary[f"{q}_ok"] = sum(r.get(q, {}).get("status") == "ok" for r in rows)
+    text, md = _grid(head, body + [gm])
+    note = (f'"{labels[0]}" = {peers[0]} us / {base} us (> 1: {base} is faster); its geomean '
+            f"over the chains the model fused only ({base} = {peers[0]} elsewhere)")
+    notes = [note]
+    if any(r.get(i, {}).get("built_under") for r in rows for i in impls):
+        notes.append("* built under TVM's default PassContext: roller's (cp.async) failed to "
+                     "lower it (the manifest has the error)")
+    summary["built_under_default_context"] = [f"{r['name']}/{i}" for r in rows for i in impls
+                                              if r.get(i, {}).get("built_under")]
+    return (["GEMM chains"] + text + notes, ["", "GEMM chains", ""] + md + [""] + notes,
+            summary)
+
+
 def table(rows: List[Dict[str, Any]], micro: List[Dict[str, Any]]) -> Tuple[str, str, Dict[str, Any]]:
-    """(plain text, markdown, summary) of the results."""
+    """(plain text, markdown, summary) of the results: the suite and fp16 GEMMs (roller vs
+    dlight vs torch), then the GEMM chains (``chain_table``; summary["chains"])."""
+    chains = [r for r in rows if r.get("kind") == "chain"]
+    rows = [r for r in rows if r.get("kind") != "chain"]
     head = ["workload", "roller", "dlight", "torch", "roller us", "dlight us", "torch us",
             "vs dlight", "vs torch"]
     body = []
@@ -822,7 +1025,7 @@ def table(rows: List[Dict[str, Any]], micro: List[Dict[str, Any]]) -> Tuple[str,
         body.append([r["name"], _status(r.get("roller", {})), _status(r.get("dlight", {})),
                      _status(r.get("torch", {})), _fmt_us(r.get("roller", {}).get("us")),
                      _fmt_us(r.get("dlight", {}).get("us")), _fmt_us(r.get("torch", {}).get("us")),
-                     "-" if sd is None else f"{sd:.2f}x", "-" if st is None else f"{st:.2f}x"])
+                     _fmt_x(sd), _fmt_x(st)])
     summary = {
         "geomean_vs_dlight": _geomean([_speedup(r, "dlight") for r in rows]),
         "geomean_vs_torch": _geomean([_speedup(r, "torch") for r in rows]),
@@ -833,15 +1036,13 @@ def table(rows: List[Dict[str, Any]], micro: List[Dict[str, Any]]) -> Tuple[str,
         "dlight_ok": sum(r.get("dlight", {}).get("status") == "ok" for r in rows),
         "workloads": len(rows),
     }
-    gm = ["geomean", "", "", "", "", "", "",
-          "-" if summary["geomean_vs_dlight"] is None else f"{summary['geomean_vs_dlight']:.2f}x",
-          "-" if summary["geomean_vs_torch"] is None else f"{summary['geomean_vs_torch']:.2f}x"]
-    widths = [max(len(str(x[i])) for x in [head] + body + [gm]) for i in range(len(head))]
-    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    text = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body] + [line(gm)]
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(str(c) for c in b) + " |" for b in body + [gm]]
+    gm = ["geomean", "", "", "", "", "", "", _fmt_x(summary["geomean_vs_dlight"]),
+          _fmt_x(summary["geomean_vs_torch"])]
+    text, md = _grid(head, body + [gm]) if rows or not chains else ([], [])
+    if chains:
+        ctext, cmd, summary["chains"] = chain_table(chains)
+        text += ([""] if text else []) + ctext
+        md += cmd if md else cmd[3:]
     mtext, mmd = [], []
     if micro:
         mtext.append("device constants (measured vs preset h200)")
@@ -871,19 +1072,21 @@ def _run_workloads(wls: List[Dict[str, Any]], d: Path, cp: Any, l2: int, per_imp
     rows = []
     for i, wl in enumerate(wls):
         if deadline - time.perf_counter() < 15.0:  # out of time: report the rest as skipped
-            rows.append({"name": wl["name"], **{k: {"status": "skipped", "reason": "time budget"}
-                                                 for k in ("roller", "dlight", "torch")}})
+            rows.append({"name": wl["name"], **_row_info(wl),
+                         **{k: {"status": "skipped", "reason": "time budget"}
+                            for k in impls_of(wl) + ["torch"]}})
             continue
         t0 = time.perf_counter()
         try:
             row = check_workload(wl, d, cp, l2, per_impl_s, loaded)
         except Exception as err:  # noqa: BLE001  (e.g. the reference itself failed)
-            row = {"name": wl["name"], "error": f"{type(err).__name__}: {err}"[:500]}
+            row = {"name": wl["name"], **_row_info(wl),
+                   "error": f"{type(err).__name__}: {err}"[:500]}
         row["wall_s"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
         log(f"[{i + 1}/{len(wls)}] {wl['name']:<20s} " + "  ".join(
             f"{k}={_status(row.get(k, {}))}/{_fmt_us(row.get(k, {}).get('us'))}us"
-            for k in ("roller", "dlight", "torch")) + f"  ({row['wall_s']} s)")
+            for k in impls_of(wl) + ["torch"]) + f"  ({row['wall_s']} s)")
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
     return rows

@@ -1,7 +1,8 @@
 """python/gpu_check.py without a GPU: the CuPy launcher against a fake CuPy (kernel names, grids,
 blocks, dynamic shared memory, argument order, loading fallbacks), the PyTorch ops against the
-suite's float64 references on the CPU, the results table, and the ``build`` half on a few
-workloads (size, contents, and that the ``run`` half reads it without TVM)."""
+suite's float64 references on the CPU (and the GEMM chains' against numpy's), the results
+tables, and the ``build`` half on a few workloads and two small GEMM chains, one fused and one
+not (size, contents, and that the ``run`` half reads it without TVM)."""
 from __future__ import annotations
 
 import importlib.util
@@ -249,6 +250,29 @@ def test_torch_ops_match_references(name):
     assert g.rel_error(out, torch.from_numpy(np.asarray(ref))) < 1e-12
 
 
+@pytest.mark.parametrize("batch", [None, [2], [2, 3]])
+@pytest.mark.parametrize("middle", ["none", "relu", "gelu", "softmax"])
+def test_torch_op_chain_matches_numpy(batch, middle):
+    """The CHAIN reference (float64) against conftest's numpy one; the float32 peer (PyTorch's
+    own tanh GELU) within the chains' tolerance."""
+    torch = pytest.importorskip("torch")
+    from conftest import chain_inputs, chain_reference
+
+    m, k, l, n = 7, 5, 9, 4  # noqa: E741
+    a, b, d = chain_inputs(batch, m, k, l, n)
+    ref = torch.from_numpy(chain_reference(a, b, d, middle))
+    params = {"batch": batch, "m": m, "k": k, "l": l, "n": n, "middle": middle}
+    fn, back = g.torch_op("CHAIN", params, [torch.from_numpy(x).double() for x in (a, b, d)])
+    out = back(fn())
+    assert tuple(out.shape) == tuple(batch or ()) + (m, n) and out.dtype == torch.float64
+    assert g.rel_error(out, ref) < 1e-12
+    fn32, back32 = g.torch_op("CHAIN", params, [torch.from_numpy(x) for x in (a, b, d)])
+    out32 = back32(fn32())
+    assert out32.dtype == torch.float32 and g.rel_error(out32, ref) < g.CHAIN_TOL
+    with pytest.raises(ValueError, match="middle"):
+        g.torch_op("CHAIN", dict(params, middle="tanh"), [torch.from_numpy(x) for x in (a, b, d)])
+
+
 def test_torch_op_hgemm():
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(0)
@@ -297,10 +321,62 @@ def test_table_and_geomeans():
     assert summary["roller_wrong"] == ["C:0"] and summary["roller_ok"] == 2
     assert "ERR 5.0e-01" in text and "declined" in text and "0.93" in text and "boom" in text
     assert md.startswith("| workload |") and md.count("\n| ") >= 6
+    assert "chains" not in summary and "GEMM chains" not in text
+
+
+def _chain_row(name, fuse, roller, unfused, torch_us, **extra):
+    ok = lambda us: {"status": "ok", "us": us}
+    return {"name": name, "kind": "chain", "impls": ["roller", "unfused"],
+            "fusion": {"fuse": fuse, "reason": "r"}, "roller": dict(ok(roller), **extra),
+            "unfused": ok(unfused), "torch": ok(torch_us)}
+
+
+def test_chain_table():
+    suite = {"name": "A:0", "roller": {"status": "ok", "us": 10.0},
+             "dlight": {"status": "ok", "us": 20.0}, "torch": {"status": "ok", "us": 5.0}}
+    rows = [suite,
+            _chain_row("CHAIN:a", True, 10.0, 40.0, 20.0),
+            _chain_row("CHAIN:b", True, 10.0, 10.0, 5.0),
+            _chain_row("CHAIN:c", False, 10.0, 11.0, 40.0,
+                       built_under="tvm default PassContext (no cp.async)"),
+            {"name": "CHAIN:d", "kind": "chain", "impls": ["roller", "unfused"],
+             "roller": {"status": "skipped"}, "unfused": {"status": "skipped"},
+             "torch": {"status": "skipped"}}]
+    text, md, summary = g.table(rows, [])
+    # the suite's part is what it was without the chains
+    assert {k: v for k, v in summary.items() if k != "chains"} == g.table([suite], [])[2]
+    assert text.startswith(g.table([suite], [])[0])
+    ch = summary["chains"]
+    assert ch["chains"] == 4 and ch["fused"] == ["CHAIN:a", "CHAIN:b"]
+    assert ch["geomean_fused_vs_unfused"] == pytest.approx(2.0)  # sqrt(4 * 1); c was not fused
+    assert ch["n_fused_vs_unfused"] == 2
+    assert ch["geomean_x_torch"] == pytest.approx((2 * 0.5 * 4) ** (1 / 3))
+    assert ch["roller_ok"] == 3 and ch["unfused_ok"] == 3 and ch["roller_wrong"] == []
+    assert ch["built_under_default_context"] == ["CHAIN:c/roller"]
+    lines = text.splitlines()
+    head = next(l for l in lines if l.startswith("chain "))
+    assert re.split(r"\s{2,}", head.strip()) == [
+        "chain", "model", "roller", "unfused", "torch", "roller us", "unfused us", "torch us",
+        "fused vs unfused", "x torch"]
+    row_a = next(l for l in lines if l.startswith("CHAIN:a"))
+    assert row_a.split()[1:] == ["fused", "ok", "ok", "ok", "10.0", "40.0", "20.0", "4.00x",
+                                 "2.00x"]
+    row_c = next(l for l in lines if l.startswith("CHAIN:c"))
+    assert row_c.split()[1:3] == ["unfused", "ok*"]
+    assert any(l.startswith("* built under") for l in lines)
+    assert "| chain | model |" in md and md.startswith("| workload |")
+    # chains alone: their table only
+    text, md, summary = g.table(rows[1:], [])
+    assert md.startswith("| chain | model |") and "workload" not in text
+    assert summary["workloads"] == 0 and summary["chains"]["chains"] == 4
 
 
 # -- build ------------------------------------------------------------------------------------
-BUILD_OPS = "GMM:0,SFM:0,NRM:0"
+BUILD_OPS = "GMM:0,SFM:0,NRM:0,CHAIN"
+# small GEMM chains in place of gpu_check.CHAINS (seconds, not minutes): the model fuses the
+# first (a row block of the softmax attention fits and saves traffic), not the second
+TEST_CHAINS = {"CHAIN:tiny": ([16], 128, 16, 64, 16, "softmax"),
+               "CHAIN:mlp-tiny": (None, 16, 32, 64, 32, "gelu")}
 
 
 @pytest.fixture(scope="module")
@@ -308,39 +384,88 @@ def built(tmp_path_factory):
     pytest.importorskip("tvm")
     out = tmp_path_factory.mktemp("gpu_bundles")
     lines = []
-    manifest = g.build(out, BUILD_OPS, nvcc=HAVE_NVCC, log=lines.append)
+    manifest = g.build(out, BUILD_OPS, nvcc=HAVE_NVCC, log=lines.append, chains=TEST_CHAINS)
     return out, manifest, lines
+
+
+def _check_bundles(out, w):
+    """Each built implementation of manifest entry ``w``: bundle and record agree, the cubin is
+    an ELF, and the launcher replays every launch (workspaces included) with a fake CuPy."""
+    for impl in w["impls"]:
+        rec = w[impl]
+        if "bundle" not in rec:
+            continue
+        bundle = json.loads(g.read_gz(out / rec["bundle"]))
+        assert [list(p["shape"]) for p in bundle["params"]] == [a[0] for a in w["args"]]
+        assert rec["launches"] == [[l["name"], l["grid"], l["block"], l["dyn_smem_bytes"]]
+                                   for l in bundle["launches"]]
+        if HAVE_NVCC:
+            assert g.read_gz(out / rec["cubin"])[:4] == b"\x7fELF"
+            assert set(rec["kernels"]) == {l["name"] for l in bundle["launches"]}
+        cp = FakeCupy()
+        launcher = g.Launcher(bundle, cp)
+        params = [Buf(p["name"]) for p in bundle["params"]]
+        launcher(params)
+        assert len(cp.calls) == len(bundle["launches"])
+        ws = [a for c in cp.calls for a in c["args"] if isinstance(a, np.ndarray)]
+        assert len({id(a) for a in ws}) == len(bundle["workspaces"])
+        assert all(any(a is p for p in params) or any(a is x for x in launcher.workspaces)
+                   for c in cp.calls for a in c["args"] if not np.isscalar(a))
 
 
 def test_build_writes_small_complete_bundles(built):
     out, manifest, lines = built
-    assert [w["name"] for w in manifest["workloads"]] == ["GMM:0", "SFM:0", "NRM:0"]
+    assert [w["name"] for w in manifest["workloads"]] == ["GMM:0", "SFM:0", "NRM:0",
+                                                          *TEST_CHAINS]
     size = sum(p.stat().st_size for p in out.iterdir())
     assert size < 1 * 2**20 and size < g.MAX_DIR_BYTES
     assert json.loads((out / g.MANIFEST).read_text()) == manifest
     assert manifest["arch"] == "sm_90" and manifest["device"]["name"].startswith("NVIDIA H200")
     for w in manifest["workloads"]:
         assert w["args"][-1][1] == "float32" and w["tol"] > 0 and w["flops"] > 0
+        if w["kind"] == "chain":
+            continue  # test_build_chains
+        assert w["impls"] == ["roller", "dlight"] and "fusion" not in w
         assert set(w["params"]) >= ({"b", "n", "m", "k"} if w["cls"] == "GMM" else set())
         assert "bundle" in w["dlight"], w["dlight"]  # dlight schedules all three
         # roller's scheduler is another engineer's work in progress: any outcome is recorded
         assert sum(k in w["roller"] for k in ("bundle", "declined", "error")) == 1
-        for impl in ("roller", "dlight"):
-            rec = w[impl]
-            if "bundle" not in rec:
-                continue
-            bundle = json.loads(g.read_gz(out / rec["bundle"]))
-            assert [list(p["shape"]) for p in bundle["params"]] == [a[0] for a in w["args"]]
-            assert rec["launches"] == [[l["name"], l["grid"], l["block"], l["dyn_smem_bytes"]]
-                                       for l in bundle["launches"]]
-            if HAVE_NVCC:
-                assert g.read_gz(out / rec["cubin"])[:4] == b"\x7fELF"
-                assert set(rec["kernels"]) == {l["name"] for l in bundle["launches"]}
-            cp = FakeCupy()
-            launcher = g.Launcher(bundle, cp)
-            launcher([Buf(p["name"]) for p in bundle["params"]])
-            assert len(cp.calls) == len(bundle["launches"])
+        _check_bundles(out, w)
     assert any("GMM:0" in l for l in lines) and "MiB" in lines[-1]
+
+
+def test_build_chains(built):
+    """A chain's entry: its impls (roller: the fused kernel when the model fuses, else the
+    operators one by one; unfused: roller's kernels for the operators, several launches and
+    workspaces), the model's decision and reason, and what run() needs for the reference."""
+    out, manifest, lines = built
+    chains = {w["name"]: w for w in manifest["workloads"] if w["kind"] == "chain"}
+    assert list(chains) == list(TEST_CHAINS)
+    for name, w in chains.items():
+        batch, m, k, l, n, middle = TEST_CHAINS[name]
+        assert w["cls"] == "CHAIN" and w["impls"] == ["roller", "unfused"]
+        assert w["params"] == {"batch": batch, "m": m, "k": k, "l": l, "n": n, "middle": middle}
+        bs = list(batch or [])
+        assert w["args"] == [[bs + [m, k], "float32"], [bs + [k, l], "float32"],
+                             [bs + [l, n], "float32"], [bs + [m, n], "float32"]]
+        assert w["tol"] == g.CHAIN_TOL and not w["memory_bound"]
+        assert w["flops"] >= 2 * int(np.prod(bs or [1])) * m * l * (k + n)
+        assert w["fusion"]["reason"] and w["fusion"]["plan"]["rows"] >= 1
+        for impl in w["impls"]:
+            assert "bundle" in w[impl], w[impl]
+        _check_bundles(out, w)
+        unfused = json.loads(g.read_gz(out / w["unfused"]["bundle"]))
+        n_ops = 3 if middle == "softmax" else 2  # matmul (+ epilogue), row-wise stages, matmul
+        assert len(unfused["launches"]) >= n_ops and unfused["workspaces"]
+        assert {ws["count"] for ws in unfused["workspaces"]} == {int(np.prod(bs or [1])) * m * l}
+    tiny, mlp = chains["CHAIN:tiny"], chains["CHAIN:mlp-tiny"]
+    assert tiny["fusion"]["fuse"] and "fuse" in tiny["fusion"]["reason"]
+    fused = json.loads(g.read_gz(out / tiny["roller"]["bundle"]))
+    assert len(fused["launches"]) == 1 and not fused["workspaces"]  # one kernel, no round trip
+    assert not mlp["fusion"]["fuse"] and "do not fuse" in mlp["fusion"]["reason"]
+    assert mlp["roller"]["launches"] == mlp["unfused"]["launches"]  # declined: the same kernels
+    assert any(l.startswith("CHAIN:tiny") and "fused" in l for l in lines)
+    assert any(l.startswith("CHAIN:mlp-tiny") and "not fused" in l for l in lines)
 
 
 def test_build_again_replaces_old_bundles(built, tmp_path):
@@ -356,14 +481,25 @@ def test_workload_selection():
     pytest.importorskip("tvm")
     g._repo_on_path()
     specs = g._workload_specs(None)
-    assert len(specs) == 52 + 3 and specs[-3:] == [(n, "hgemm", None) for n in g.HGEMMS]
+    assert len(specs) == 52 + 3 + len(g.CHAINS)
+    assert specs[52:] == ([(n, "hgemm", None) for n in g.HGEMMS]
+                          + [(n, "chain", None) for n in g.CHAINS])
+    assert [s[0] for s in g._workload_specs("CHAIN")] == list(g.CHAINS)
+    assert g._workload_specs("chain:MLP,GMM:1") == [("GMM:1", "suite", ("GMM", 1)),
+                                                    ("CHAIN:mlp", "chain", None)]
+    assert g._workload_specs("CHAIN:a", {"CHAIN:a": None}) == [("CHAIN:a", "chain", None)]
+    with pytest.raises(SystemExit, match="CHAIN:NOPE"):
+        g._workload_specs("CHAIN:nope")
     assert g._workload_specs("GMM:1,HGEMM:1024") == [("GMM:1", "suite", ("GMM", 1)),
                                                      ("HGEMM:1024", "hgemm", None)]
     assert [s[0] for s in g._workload_specs("HGEMM")] == list(g.HGEMMS)
     with pytest.raises(SystemExit, match="HGEMM:7"):
         g._workload_specs("HGEMM:7")
-    wls = [{"name": n} for n in ("GMM:0", "GMM:1", "SFM:0", "HGEMM:1024")]
+    wls = [{"name": n} for n in ("GMM:0", "GMM:1", "SFM:0", "HGEMM:1024", *g.CHAINS)]
     assert [w["name"] for w in g.select(wls, "gmm,HGEMM:1024")] == ["GMM:0", "GMM:1", "HGEMM:1024"]
+    assert [w["name"] for w in g.select(wls, "CHAIN")] == list(g.CHAINS)
+    assert [w["name"] for w in g.select(wls, "chain:attn128")] == ["CHAIN:attn128"]
+    assert g.impls_of({"name": "old manifest"}) == ["roller", "dlight"]
 
 
 def test_run_half_needs_no_tvm(built):
@@ -381,12 +517,12 @@ import torch
 d = {str(out)!r}
 m = g.load_manifest(g.Path(d))
 n = 0
-for w in g.select(m["workloads"], "GMM,SFM:0"):
+for w in g.select(m["workloads"], "GMM,SFM:0,CHAIN"):
     gen = torch.Generator().manual_seed(0)
     ins = [g.random_tensor(s, dt, gen, device="cpu") for s, dt in w["args"][:-1]]
     fn, back = g.torch_op(w["cls"], w["params"], [x.double() for x in ins])
     assert list(back(fn()).shape) == w["args"][-1][0]
-    for impl in ("roller", "dlight"):
+    for impl in g.impls_of(w):
         if "bundle" in w[impl]:
             b = json.loads(g.read_gz(g.Path(d) / w[impl]["bundle"]))
             cp = FakeCupy()
@@ -404,8 +540,9 @@ def test_load_all_compiles_every_bundle_ahead(built):
     out, manifest, _ = built
     cp = FakeCupy()
     loaded = g.load_all(manifest["workloads"], out, cp, workers=3)
-    expect = {(w["name"], i) for w in manifest["workloads"] for i in ("roller", "dlight")
+    expect = {(w["name"], i) for w in manifest["workloads"] for i in w["impls"]
               if "bundle" in w[i]}
+    assert {("CHAIN:tiny", "roller"), ("CHAIN:tiny", "unfused")} <= expect
     assert set(loaded) == expect
     for (name, impl), res in loaded.items():
         bundle, cubin_path, (mod, how), secs = res
@@ -459,20 +596,56 @@ def test_run_replayed_on_cpu(built, tmp_path, monkeypatch):
     res = g.run(out, ops=None, budget_s=120, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
                 log=lines.append)
     rows = {r["name"]: r for r in res["rows"]}
-    assert set(rows) == {"GMM:0", "SFM:0", "NRM:0"}
+    assert set(rows) == {"GMM:0", "SFM:0", "NRM:0", *TEST_CHAINS}
     for r in rows.values():
         assert r["torch"]["status"] == "ok" and r["torch"]["us"] > 0, r["torch"]
-        assert r["dlight"]["status"] == "wrong" and r["dlight"]["rel_err"] == float("inf")  # nothing ran
-        assert r["dlight"]["loaded_by"].startswith("nvrtc") and r["dlight"]["us"] > 0
         assert r["copies"] >= 2
+        for impl in r["impls"]:
+            if impl == "roller" and r["kind"] != "chain":
+                continue  # roller's suite outcome is recorded, whatever it is
+            # nothing ran: the outputs stay NaN
+            assert r[impl]["status"] == "wrong" and r[impl]["rel_err"] == float("inf"), r[impl]
+            assert r[impl]["loaded_by"].startswith("nvrtc") and r[impl]["us"] > 0
+    assert rows["CHAIN:tiny"]["impls"] == ["roller", "unfused"] and "dlight" not in rows["CHAIN:tiny"]
+    assert rows["CHAIN:tiny"]["fusion"]["fuse"] and not rows["CHAIN:mlp-tiny"]["fusion"]["fuse"]
     launched = {c["name"] for c in cp.calls}
     assert "main_kernel" in launched
     assert res["summary"]["workloads"] == 3 and res["summary"]["geomean_vs_dlight"] is None
+    chains = res["summary"]["chains"]
+    assert chains["chains"] == 2 and chains["fused"] == ["CHAIN:tiny"]
+    assert chains["geomean_fused_vs_unfused"] is None and chains["roller_wrong"] == list(TEST_CHAINS)
     saved = json.loads((tmp_path / "gpu_check.json").read_text())
     assert saved["summary"]["workloads"] == 3 and saved["device"]["name"] == "fake H200"
-    assert (tmp_path / "gpu_check.md").read_text().startswith("| workload |")
+    assert saved["summary"]["chains"]["chains"] == 2
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert md.startswith("| workload |") and "| chain | model |" in md
     assert any(l.startswith("compiled ") for l in lines)
+    assert any("CHAIN:tiny" in l and "unfused=" in l for l in lines)
     # out of budget: the rest are reported as skipped, not run
     res = g.run(out, ops=None, budget_s=1, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
                 log=lambda s: None)
-    assert all(r["roller"]["status"] == "skipped" for r in res["rows"])
+    assert all(r[i]["status"] == "skipped" for r in res["rows"] for i in r["impls"] + ["torch"])
+    assert {r["name"] for r in res["rows"] if "unfused" in r} == set(TEST_CHAINS)
+
+
+@pytest.mark.slow
+def test_build_the_real_chains(tmp_path):
+    """``build --ops CHAIN`` with gpu_check.CHAINS: every chain's two implementations build and
+    compile; the model fuses the 512-token attention and nothing else. Where roller's cp.async
+    PassContext fails to lower a stitched chain, the bundle was built under TVM's default one
+    and says so."""
+    pytest.importorskip("tvm")
+    lines = []
+    manifest = g.build(tmp_path, "CHAIN", nvcc=HAVE_NVCC, log=lines.append)
+    ws = {w["name"]: w for w in manifest["workloads"]}
+    assert list(ws) == list(g.CHAINS)
+    assert {n for n, w in ws.items() if w["fusion"]["fuse"]} == {"CHAIN:attn512"}
+    for w in ws.values():
+        for impl in w["impls"]:
+            rec = w[impl]
+            assert "bundle" in rec, (w["name"], impl, rec)
+            assert ("built_under" in rec) == ("roller_context_error" in rec)
+        _check_bundles(tmp_path, w)
+    fused = json.loads(g.read_gz(tmp_path / ws["CHAIN:attn512"]["roller"]["bundle"]))
+    assert len(fused["launches"]) == 1 and fused["launches"][0]["dyn_smem_bytes"] > g.STATIC_SMEM_LIMIT
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 1 * 2**20
