@@ -136,8 +136,9 @@ def test_cuda_bad_inputs():
         tvm_roller.schedule(W.create("GMM", 0), {"kind": "rocm"})
     from tvm_roller.fusion.workloads import gemm_chain
 
-    with pytest.raises(UnsupportedError, match="CPU-only"):
-        tvm_roller.schedule(gemm_chain([2], 64, 32, 64, 32, "softmax"), SM90)
+    # a float64 chain is not fused (the fused kernel takes float32), and says so
+    p = tvm_roller.plan(gemm_chain([2], 64, 32, 64, 32, "softmax", dtype="float64"), SM90)
+    assert not p.fusion.fuse and "float32 only" in p.fusion.reason
 
 
 def test_build_fallback_to_dlight_on_cuda():

@@ -131,7 +131,16 @@ def apply(p: Plan, tile: RTile, traceable: bool = False) -> s_tir.Schedule:
         if tile.backend == "cuda":
             from .fusion.lower_cuda import apply_fused_cuda
 
-            return apply_fused_cuda(func, p.chain, p.fusion, p.device)
+            try:
+                return apply_fused_cuda(func, p.chain, p.fusion, p.device)
+            except UnsupportedError as err:  # e.g. stages a row block cannot pass through
+                if traceable:
+                    raise
+                p.fusion.fuse = False
+                p.fusion.reason += f"; the fused kernel refused it ({err}): operators one by one"
+                logger.warning("tvm_roller: %s", p.fusion.reason)
+                return split.build_unfused(func, p.chain,
+                                           lambda part: _schedule_alone(part, p.target, p.device))
         rows = rows_per_task(p.chain, p.fusion, p.device)
         lanes = p.device.simd_lanes(p.chain.dtype)
         how = lower_cpu.apply_fused if p.fusion.fuse else lower_cpu.apply_unfused

@@ -80,12 +80,13 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
     whether it is fused and the model's reason."""
     from .fusion.chain import GemmChain
     from .fusion.planner import plan_gemm_chain
-    from .fusion.relax_pass import chain_shape, group_gemm_chains
+    from .fusion.relax_pass import (chain_shape, cuda_stages_refused, group_gemm_chains,
+                                    reduces_rows)
 
-    def decide(first, second) -> bool:
+    def decide(first, second, region) -> bool:
         shape = chain_shape(first, second)
         tgt = tvm.target.Target.current(allow_none=True)
-        if shape is None or tgt is None or tgt.kind.name != "llvm":
+        if shape is None or tgt is None or tgt.kind.name not in ("llvm", "cuda"):
             return False
         from . import hardware
 
@@ -94,7 +95,17 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
             return False
         dev = device if device is not None else hardware.from_target(tgt)
         chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8)
-        plan = plan_gemm_chain(chain, dev)
+        if tgt.kind.name == "cuda":
+            from .fusion.lower_cuda import plan_cuda_chain
+
+            plan = plan_cuda_chain(chain, dev, row_reduction=reduces_rows(region))
+            refused = cuda_stages_refused(region)
+            if refused and plan.fuse:
+                plan.fuse = False
+                plan.reason += (f"; kept apart: the fused CUDA kernel does not take "
+                                f"{', '.join(refused)} between the matmuls")
+        else:
+            plan = plan_gemm_chain(chain, dev)
         logger.info("tvm_roller: matmul chain %sx%sx%sx%s (batch %s): %s (%s)", m, k, l, n, batch,
                     "fuse" if plan.fuse else "keep apart", plan.reason)
         if decisions is not None:
@@ -183,8 +194,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         with tgt:
             seq = tvm.transform.Sequential(
                 stages.library_dispatch_passes(tgt)
-                # chains are fused on CPUs only: the CUDA backend has no fused kernel yet
-                + [fusion_passes(fast_math, fuse_chains and tgt.kind.name == "llvm", device,
+                + [fusion_passes(fast_math, fuse_chains, device,
                                  chains), roller]
                 + _fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)

@@ -414,8 +414,7 @@ def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceMod
         names = [a.name for a in fa.axes]  # names are not in the hash: use this function's
         tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
         p = Plan(fa, tgt, dev, tiles, notes)
-        if backend == "cpu":
-            _plan_fusion(p)  # a matmul chain: its fusion decision is re-made, it is cheap
+        _plan_fusion(p)  # a matmul chain: its fusion decision is re-made, it is cheap
         p.construct_s = time.perf_counter() - t0
         return p, True
     p = _plan(func, target, topk, device)

@@ -179,13 +179,15 @@ def _fmt(b: float) -> str:
 
 
 def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
-                    rows: Optional[int] = None) -> CudaChainPlan:
+                    rows: Optional[int] = None,
+                    row_reduction: Optional[bool] = None) -> CudaChainPlan:
     """Whether to fuse ``chain`` into one CUDA kernel on the GPU ``dev``, and its layout.
 
     The row block is the largest divisor of m (at most MAX_ROWS) whose slice and tiles fit the
     opt-in shared memory per block and that still gives every SM a thread block (else the one
     with the most blocks). ``func`` (the chain's PrimFunc) tells whether a stage reduces rows;
-    ``rows`` forces the row block (a divisor of m)."""
+    ``rows`` forces the row block (a divisor of m); ``row_reduction`` says it without ``func``
+    (the Relax pass decides before there is a PrimFunc)."""
     from . import movement
 
     if dev.kind != "gpu":
@@ -197,7 +199,7 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
     e = chain.elem_bytes
     limit = gpu.smem_limit(dev)
     sms = max(1, dev.num_units)
-    row_red = _has_row_reduction(func, chain)
+    row_red = _has_row_reduction(func, chain) if row_reduction is None else row_reduction
     round_trip = 2 * batch * chain.m * chain.l * e
 
     def describe(whole_rows: bool):
@@ -256,6 +258,10 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
     fits = smem <= limit and chain.dtype == "float32"
     if chain.dtype != "float32":
         why.append(f"dtype {chain.dtype}: the fused CUDA kernel takes float32 only")
+    if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
+        fits = False
+        why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "
+                   "CUDA kernel takes plain (batch) matmuls only")
     if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
         fits = False
         why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "

@@ -118,10 +118,38 @@ def chain_shape(first, second) -> Optional[Tuple[List[int], int, int, int, int, 
     return out[:-2], m, k, l, n, str(first.var.ty.dtype)
 
 
+# ops between the matmuls that reduce each row (a fused kernel must hold whole rows for them)
+_ROW_REDUCTIONS = {"relax.nn.softmax", "relax.nn.log_softmax", "relax.max", "relax.min",
+                   "relax.sum", "relax.mean", "relax.nn.layer_norm", "relax.nn.rms_norm"}
+
+
+# what the fused CUDA kernel takes between the matmuls: elementwise ops on the rows and one
+# softmax (a reshape or a mask built from the scores changes the rows it holds)
+_CUDA_STAGES = {"relax.nn.softmax", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
+                "relax.nn.silu", "relax.add", "relax.subtract", "relax.multiply",
+                "relax.divide", "relax.exp", "relax.tanh", "relax.sigmoid"}
+
+
+def _op_names(region) -> List[str]:
+    return [b.value.op.name if isinstance(b.value, relax.Call) and
+            isinstance(b.value.op, tvm.ir.Op) else type(b.value).__name__ for b in region]
+
+
+def reduces_rows(region) -> bool:
+    """Whether a binding of ``region`` is a reduction (a softmax, a norm)."""
+    return any(name in _ROW_REDUCTIONS for name in _op_names(region))
+
+
+def cuda_stages_refused(region) -> List[str]:
+    """The ops of ``region`` the fused CUDA kernel does not take (none: it can be fused)."""
+    return sorted({name for name in _op_names(region) if name not in _CUDA_STAGES})
+
+
 def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
                       decide: Optional[Callable] = None) -> Tuple[tvm.IRModule, List[str]]:
     """The module with each chain of ``func_name`` in its own primitive function; their names.
-    ``decide(first, second)`` (the two matmul bindings) -> bool keeps a chain out when False:
+    ``decide(first, second, region)`` (the two matmul bindings, the bindings between them)
+    -> bool keeps a chain out when False:
     its operators then go through the normal per-operator fusion and scheduling."""
     func = mod[func_name]
     body = func.body
@@ -141,7 +169,8 @@ def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
         replace: Dict[int, relax.Binding] = {}
         drop: Set[int] = set()
         for first, region, second in chains:
-            if decide is not None and not decide(bindings[first], bindings[second]):
+            if decide is not None and not decide(bindings[first], bindings[second],
+                                                 [bindings[i] for i in region]):
                 continue
             name = f"roller_gemm_chain_{len(names)}"
             gv, call = _outline(bb, name, [bindings[i] for i in [first] + region + [second]])

@@ -13,6 +13,7 @@ in-function schedule (``lower_cpu.apply_unfused``) instead.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Dict, List, Sequence
 
 import tvm
@@ -22,6 +23,8 @@ from ..analysis import unwrap_func
 from ..analysis.visit import post_order_visit
 from ..errors import UnsupportedError
 from .chain import GemmChain
+
+logger = logging.getLogger("tvm_roller")
 
 
 def _is_injective(block) -> bool:
@@ -70,22 +73,24 @@ def operator_groups(chain: GemmChain, blocks: Dict[str, object]) -> List[List[st
     return groups
 
 
-def split_chain(func: tirx.PrimFunc, chain: GemmChain):
-    """(group PrimFuncs, the intermediate buffers between groups): one PrimFunc per operator
-    group, sharing the chain's Buffer objects."""
-    func = unwrap_func(func)
+def _blocks(func: tirx.PrimFunc):
+    """(the root block, block name -> its top-level statement, block name -> block)."""
     root = _root(func)
-    stmts = _top_level(root)
-    owner = {}  # block name -> its top-level statement
-    blocks = {}
-    for stmt in stmts:
+    owner, blocks = {}, {}
+    for stmt in _top_level(root):
         blk = _block_of(stmt)
         owner[blk.name_hint] = stmt
         blocks[blk.name_hint] = blk
-    groups = operator_groups(chain, blocks)
+    return root, owner, blocks
+
+
+def split_groups(func: tirx.PrimFunc, groups: Sequence[Sequence[str]]):
+    """(one PrimFunc per group of blocks, the buffers between groups), sharing the function's
+    Buffer objects; ``groups`` cover every block, in order."""
+    func = unwrap_func(func)
+    root, owner, blocks = _blocks(func)
     if sorted(n for g in groups for n in g) != sorted(owner):
         raise UnsupportedError("the chain's function has blocks outside the chain: cannot split")
-
     # buffers by identity: two operators' outputs may share a name (TOPI's "conv2d_nhwc")
     params = {p.id_ for p in func.params}  # 0.27: a parameter is its buffer
     allocated = {b.id_ for b in root.alloc_buffers}
@@ -111,6 +116,11 @@ def split_chain(func: tirx.PrimFunc, chain: GemmChain):
     return parts, between
 
 
+def split_chain(func: tirx.PrimFunc, chain: GemmChain):
+    """(one PrimFunc per operator group, the intermediate buffers between them)."""
+    return split_groups(func, operator_groups(chain, _blocks(unwrap_func(func))[2]))
+
+
 def stitch(func: tirx.PrimFunc, scheduled: Sequence[tirx.PrimFunc],
            between: Sequence[tirx.Buffer]) -> tirx.PrimFunc:
     """The chain's function with each group's scheduled body in turn."""
@@ -125,10 +135,45 @@ def stitch(func: tirx.PrimFunc, scheduled: Sequence[tirx.PrimFunc],
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
 
 
+def _synchronous_fetches(sch: s_tir.Schedule) -> None:
+    """Drop cp.async from a part that reads an intermediate: allocated in the function (not a
+    parameter), TVM's StorageRewrite gives it a vector element type, and its PTX async-copy
+    injection then fails on the mismatched lanes (TVM 0.27). The pipeline stays."""
+    names = []
+    post_order_visit(sch.mod["main"].body, lambda n: names.append(n.name_hint)
+                     if isinstance(n, s_tir.SBlock) and n.name_hint != "root" else None)
+    done = set()
+    for name in names:
+        for loop in sch.get_loops(sch.get_sblock(name)):
+            node = sch.get(loop)
+            if node.loop_var.id_ not in done and "software_pipeline_async_stages" in node.annotations:
+                sch.unannotate(loop, "software_pipeline_async_stages")
+                done.add(node.loop_var.id_)
+
+
 def build_unfused(func: tirx.PrimFunc, chain: GemmChain,
                   schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
     """The chain as its operators one by one, each scheduled by ``schedule_one`` (roller's own
     plan and lowering for a single operator): a Schedule of the stitched function."""
-    parts, between = split_chain(func, chain)
-    scheduled = [schedule_one(part).mod["main"] for part in parts]
-    return s_tir.Schedule(tvm.IRModule({"main": stitch(func, scheduled, between)}))
+    groups = operator_groups(chain, _blocks(unwrap_func(func))[2])
+    while True:
+        parts, between = split_groups(func, groups)
+        scheduled = []
+        inner = {b.id_ for b in between}
+        for g, part in zip(groups, parts):
+            try:
+                sch = schedule_one(part)
+                if any(p.id_ in inner for p in part.params):
+                    _synchronous_fetches(sch)
+                scheduled.append(sch.mod["main"])
+            except UnsupportedError as err:
+                if len(g) == 1:
+                    raise
+                # stages roller does not schedule as one function (a mask built around a
+                # softmax, for CUDA): each block on its own
+                logger.info("tvm_roller: %s as one function: %s; block by block", g, err)
+                i = groups.index(g)
+                groups = groups[:i] + [[n] for n in g] + groups[i + 1:]
+                break
+        else:
+            return s_tir.Schedule(tvm.IRModule({"main": stitch(func, scheduled, between)}))

@@ -47,6 +47,8 @@ def _aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
     for every value of the other loops (a misaligned float4 faults on the GPU), and no access may
     sit under a condition (padding). 1 when none can."""
     blk = sch.get(block)
+    if any(str(r.source.dtype) == "bool" for r in list(blk.reads) + list(blk.writes)):
+        return 1  # CUDA has no vector of bool
     var = sch.get(loop).loop_var
     # two analyzers that substitute the block's iterators by their loop bindings, the second
     # with ``loop`` at 0 as well (where a vector would start)
@@ -234,6 +236,11 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
             require(f"CUDA lowering: inlining prologue {name}", sch.compute_inline, sch.get_sblock(name))
     sch.annotate(bx, "pragma_auto_unroll_max_step", _UNROLL_STEP)
     sch.annotate(bx, "pragma_unroll_explicit", 1)
+    # TVM's inlining can leave a read of a buffer it removed (an epilogue that reshapes between
+    # elementwise stages with several readers): refuse here, not as a crash in the build
+    if not s_tir.analysis.verify_well_formed(sch.mod, assert_mode=False):
+        raise UnsupportedError("CUDA lowering: the epilogue's inlining left ill-formed IR "
+                               f"(stages {', '.join(fa.consumers)})")
     return sch
 
 
