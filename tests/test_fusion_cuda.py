@@ -62,12 +62,12 @@ def test_replica_matches_numpy(batch, m, k, l, n, middle):  # noqa: E741
     arrays = chain_inputs(batch, m, k, l, n)
     ref = chain_reference(*arrays, middle)
     out_shape = tuple(batch or ()) + (m, n)
-    planned = plan_cuda_chain(chain, H100, func)
+    planned = plan_cuda_chain(chain, H100)
     assert planned.fits and planned.reason
     # the planned row block, the whole of m (up to 64 rows) and one in between
     divisors = [d for d in range(1, min(m, 64) + 1) if m % d == 0]
     for rows in sorted({planned.rows, divisors[-1], divisors[len(divisors) // 2]}):
-        cplan = plan_cuda_chain(chain, H100, func, rows=rows)
+        cplan = plan_cuda_chain(chain, H100, rows=rows)
         sch = apply_fused_cuda(func, chain, cplan, H100)
         lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
         assert_close(run(lib, arrays, out_shape, "float32"), ref, TOL)
@@ -117,7 +117,7 @@ def test_attention_fused_kernel_compiles(arch):
     dev = gpu.from_target(tgt)
     func = gemm_chain(*ATTENTION)
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, dev, func)
+    cplan = plan_cuda_chain(chain, dev)
     assert cplan.fuse, cplan.reason
     assert "fuse:" in cplan.reason and "round trip" in cplan.reason
     assert cplan.row_reduction and cplan.blocks >= dev.num_units
@@ -142,7 +142,7 @@ def test_attention_softmax_tile_is_shared_by_all_threads():
     each thread the part it reads (a replica would not notice that; the GPU would)."""
     func = gemm_chain(*ATTENTION)
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, H100, func)
+    cplan = plan_cuda_chain(chain, H100)
     sch = apply_fused_cuda(func, chain, cplan, H100)
     blk = sch.get_sblock(chain.between[-1])
     loops = sch.get_loops(blk)
@@ -157,7 +157,7 @@ def test_attention_softmax_tile_is_shared_by_all_threads():
 def test_mlp_block_declined_with_reason():
     func = gemm_chain(*MLP)
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, H100, func)
+    cplan = plan_cuda_chain(chain, H100)
     assert not cplan.fuse
     assert "shared memory" in cplan.reason and "too long" in cplan.reason, cplan.reason
     assert cplan.traffic_fused > cplan.traffic_unfused
@@ -170,7 +170,7 @@ def test_mlp_block_declined_with_reason():
 def test_refused_when_one_row_does_not_fit():
     func = gemm_chain(None, 4, 8, 65536, 8, "relu")  # one row of the slice: 256 KiB
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, H100, func)
+    cplan = plan_cuda_chain(chain, H100)
     assert not cplan.fits and not cplan.fuse
     assert "even for one row" in cplan.reason and "too long" in cplan.reason
     with pytest.raises(UnsupportedError, match="cannot be fused"):
@@ -180,7 +180,7 @@ def test_refused_when_one_row_does_not_fit():
 def test_refused_float64_and_cpu_device():
     func = gemm_chain([2], 8, 4, 8, 4, "relu", dtype="float64")
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, H100, func)
+    cplan = plan_cuda_chain(chain, H100)
     assert not cplan.fits and "float32 only" in cplan.reason
     with pytest.raises(UnsupportedError, match="float64"):
         apply_fused_cuda(func, chain, cplan, H100)
@@ -190,12 +190,12 @@ def test_refused_float64_and_cpu_device():
 
 def test_plan_is_plain_data():
     func = gemm_chain(*ATTENTION)
-    cplan = plan_cuda_chain(detect_chain(func), H100, func)
+    cplan = plan_cuda_chain(detect_chain(func), H100)
     d = cplan.to_dict()
     assert CudaChainPlan(**d) == cplan
     assert d["intermediate_round_trip"] == 2 * 12 * 512 * 512 * 4
     with pytest.raises(UnsupportedError, match="does not divide"):
-        plan_cuda_chain(detect_chain(func), H100, func, rows=3)
+        plan_cuda_chain(detect_chain(func), H100, rows=3)
 
 
 # -- the generated CUDA run on the host: barriers, shuffles and shared tiles as on a GPU ---------
@@ -333,7 +333,7 @@ def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # 
 
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)
-    cplan = plan_cuda_chain(chain, H100, func, rows=rows)
+    cplan = plan_cuda_chain(chain, H100, rows=rows)
     bundle = kernel_launches(apply_fused_cuda(func, chain, cplan, H100).mod, cuda_target("sm_90"))
     (launch,) = bundle.launches
     a, b, d = chain_inputs(batch, m, k, l, n)

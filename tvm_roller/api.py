@@ -103,7 +103,7 @@ def _plan_fusion(p: Plan) -> None:
     if p.device.kind == "gpu":
         from .fusion.lower_cuda import plan_cuda_chain
 
-        p.fusion = plan_cuda_chain(chain, p.device, p.analysis.func)
+        p.fusion = plan_cuda_chain(chain, p.device)
     else:
         p.fusion = plan_gemm_chain(chain, p.device)
     logger.info("tvm_roller: GEMM chain %s -> %s: %s (%s)", chain.first, chain.second,

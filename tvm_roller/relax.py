@@ -94,11 +94,12 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
         if dtype not in ("float32", "float64"):
             return False
         dev = device if device is not None else hardware.from_target(tgt)
-        chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8)
+        chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8,
+                          row_reduction=reduces_rows(region))
         if tgt.kind.name == "cuda":
             from .fusion.lower_cuda import plan_cuda_chain
 
-            plan = plan_cuda_chain(chain, dev, row_reduction=reduces_rows(region))
+            plan = plan_cuda_chain(chain, dev)
             refused = cuda_stages_refused(region)
             if refused and plan.fuse:
                 plan.fuse = False

@@ -39,6 +39,9 @@ class GemmChain:
     producers: List[str] = field(default_factory=list)  # before the first op (padding)
     # the first op's reduction extents when it has several (a convolution: kh, kw, c_in)
     window: List[int] = field(default_factory=list)
+    # a stage between reduces rows (softmax): unfused, it is a pass of its own over the
+    # intermediate (a row reduction does not fold into the first matmul's epilogue)
+    row_reduction: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,4 +118,6 @@ def detect_chain(func) -> Optional[GemmChain]:
     return GemmChain(first.name_hint, second.name_hint, [b.name_hint for b in between],
                      list(batch1), m, k, l1, n, dtype, 4 if dtype == "float32" else 8,
                      producers=[b.name_hint for b in producers],
-                     window=window if len(window) > 1 else [])
+                     window=window if len(window) > 1 else [],
+                     row_reduction=any(any(int(iv.iter_type) == 2 for iv in b.iter_vars)
+                                       for b in between))

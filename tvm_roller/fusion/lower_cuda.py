@@ -160,17 +160,6 @@ def _smem_bytes(chain: GemmChain, rows: int, row_reduction: bool, l1: _MatmulLay
     return total * e
 
 
-def _has_row_reduction(func, chain: GemmChain) -> bool:
-    """Whether a stage between the matmuls reduces rows (softmax). Without the function, a
-    chain with several stages is taken to have one (the larger shared-memory estimate)."""
-    if func is None:
-        return len(chain.between) > 1
-    from ..analysis import unwrap_func
-
-    sch = s_tir.Schedule(unwrap_func(func))
-    return any(is_reduction(sch, sch.get_sblock(n)) for n in chain.between)
-
-
 def _fmt(b: float) -> str:
     for unit, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= s:
@@ -178,16 +167,13 @@ def _fmt(b: float) -> str:
     return f"{b:.0f} B"
 
 
-def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
-                    rows: Optional[int] = None,
-                    row_reduction: Optional[bool] = None) -> CudaChainPlan:
+def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
+                    rows: Optional[int] = None) -> CudaChainPlan:
     """Whether to fuse ``chain`` into one CUDA kernel on the GPU ``dev``, and its layout.
 
     The row block is the largest divisor of m (at most MAX_ROWS) whose slice and tiles fit the
     opt-in shared memory per block and that still gives every SM a thread block (else the one
-    with the most blocks). ``func`` (the chain's PrimFunc) tells whether a stage reduces rows;
-    ``rows`` forces the row block (a divisor of m); ``row_reduction`` says it without ``func``
-    (the Relax pass decides before there is a PrimFunc)."""
+    with the most blocks); ``rows`` forces it (a divisor of m)."""
     from . import movement
 
     if dev.kind != "gpu":
@@ -199,7 +185,7 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel, func=None,
     e = chain.elem_bytes
     limit = gpu.smem_limit(dev)
     sms = max(1, dev.num_units)
-    row_red = _has_row_reduction(func, chain) if row_reduction is None else row_reduction
+    row_red = chain.row_reduction
     round_trip = 2 * batch * chain.m * chain.l * e
 
     def describe(whole_rows: bool):

@@ -53,11 +53,11 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     for name in vars(plan):
         if "unfused" in name:
             setattr(plan, name, getattr(alone, name))
-    decide(plan, dev, chain.intermediate_bytes)
+    decide(plan, dev, chain.intermediate_bytes, chain.row_reduction)
     return plan
 
 
-def decide(plan, dev: DeviceModel, intermediate_bytes: int) -> None:
+def decide(plan, dev: DeviceModel, intermediate_bytes: int, row_reduction: bool = False) -> None:
     """Fuse when the intermediate does not fit the cores' private caches (otherwise the
     operators one by one keep it there too) and the fused order moves clearly less data from
     the shared level, and still keeps every core busy.
@@ -69,18 +69,25 @@ def decide(plan, dev: DeviceModel, intermediate_bytes: int) -> None:
     # each core keeps its share of the rows; half its L2 is what a tile may use (policy.L2_FILL)
     cap = private.capacity_bytes * L2_FILL
     share = intermediate_bytes / max(1, dev.num_units)
+    fits = share <= cap
+    pass_of_its_own = 0
+    if row_reduction and not fits:  # the softmax reads C and writes S from the shared level
+        pass_of_its_own = 2 * intermediate_bytes
+        plan.least_total_unfused += pass_of_its_own
+        plan.total_unfused += pass_of_its_own
     vf, vu = plan.least_total_fused, plan.least_total_unfused
     saving = 100.0 * (1 - vf / vu) if vu else 0.0
     busy = plan.tasks >= dev.num_units
-    fits = share <= cap
     plan.fuse = not fits and vf < 0.95 * vu and busy
     why = []
     if fits:
         why.append(f"each core's share of the intermediate ({share / 2**20:.2f} MiB) fits its "
                    f"{private.name} ({cap / 2**20:.2f} MiB usable): unfused keeps it there too")
     change = f"{saving:.0f}% less" if saving >= 0 else f"{-saving:.0f}% more"
+    own = (f", of which {pass_of_its_own / 2**20:.1f} MiB for the row reduction's own pass"
+           if pass_of_its_own else "")
     why.append(f"least traffic from the shared level: fused {vf / 2**20:.1f} MiB vs unfused "
-               f"{vu / 2**20:.1f} MiB ({change})")
+               f"{vu / 2**20:.1f} MiB{own} ({change})")
     why.append(f"{plan.tasks} parallel row blocks on {dev.num_units} cores")
     plan.reason = "; ".join(why)
 
