@@ -1,5 +1,4 @@
-"""Measured memory traffic of the fused and the unfused GEMM-chain kernels, next to the data-movement
-model's prediction.
+"""Measured memory traffic of fused and unfused GEMM-chain kernels, and the model's prediction.
 
 This VM exposes no hardware cache counters (``perf stat`` reports them "not supported"), so the
 traffic is measured by running the built kernels under valgrind's cache simulator (callgrind
@@ -152,7 +151,8 @@ def main() -> int:
         meas = r["measured_unfused_mib"] / r["measured_fused_mib"]
         print(f"| {r['chain']} | {r['decision']} | {r['predicted_fused_mib']:.1f} / "
               f"{r['predicted_unfused_mib']:.1f} MiB | {pred:.2f}× | "
-              f"{r['measured_fused_mib']:.1f} / {r['measured_unfused_mib']:.1f} MiB | {meas:.2f}× |")
+              f"{r['measured_fused_mib']:.1f} / {r['measured_unfused_mib']:.1f} MiB | "
+              f"{meas:.2f}× |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -132,7 +132,8 @@ def test_conv_chain_fused_and_unfused(shape):
     func = conv_chain(*shape)
     chain = detect_chain(func)
     assert chain is not None and chain.producers and chain.l == cm and chain.n == co
-    x, w1, w2 = rand((n, h, w, ci), seed=1), rand((3, 3, ci, cm), seed=2), rand((1, 1, cm, co), seed=3)
+    x, w1 = rand((n, h, w, ci), seed=1), rand((3, 3, ci, cm), seed=2)
+    w2 = rand((1, 1, cm, co), seed=3)
     ref = conv_chain_reference(x, w1, w2)
     tgt = tvm_roller.hardware.normalize_target(TARGET)
     for apply in (lower_cpu.apply_fused, lower_cpu.apply_unfused):

@@ -340,3 +340,37 @@ def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # 
     e = np.full(tuple(batch or ()) + (m, n), np.nan, dtype=np.float32)
     out = _emulate(bundle.source, launch, {"A": a, "B": b, "D": d, "E": e}, "E", tmp_path)
     assert_close(out, chain_reference(a, b, d, middle), TOL)
+
+
+def test_relax_attention_fused_for_cuda():
+    """The Relax pipeline groups a plain attention (matmul -> softmax -> matmul) for CUDA, the
+    model fuses it, and the grouped PrimFunc gets the fused kernel, which nvcc compiles."""
+    import torch
+
+    from tvm_roller.compile_model import import_torch
+    from tvm_roller.relax import fusion_passes
+
+    class Attention(torch.nn.Module):  # keys and values as weights: one example input
+        def __init__(self):
+            super().__init__()
+            self.k = torch.nn.Parameter(torch.randn(12, 64, 512))
+            self.v = torch.nn.Parameter(torch.randn(12, 512, 64))
+
+        def forward(self, q):
+            return torch.softmax(q @ self.k, dim=-1) @ self.v
+
+    mod = import_torch(Attention(), torch.randn(12, 512, 64))
+    decisions = []
+    with SM90:
+        grouped = fusion_passes(chains=decisions, device=H100)(mod)
+    assert len(decisions) == 1 and decisions[0]["fused"], decisions
+    funcs = [f for gv, f in grouped.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "chain" in gv.name_hint]
+    assert len(funcs) == 1
+    p = tvm_roller.plan(funcs[0].with_attr("global_symbol", "main"), SM90, device=H100)
+    assert p.chain is not None and p.fusion.fuse
+    sch = tvm_roller.api.apply(p, p.tiles[0])
+    with tvm_roller.api.pass_context(p.target):
+        report = check(sch.mod, SM90, H100)
+    assert report.ok, report.problems
+    assert len(report.bundle.launches) == 1  # one fused kernel

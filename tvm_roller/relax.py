@@ -83,7 +83,7 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
     from .fusion.relax_pass import (chain_shape, cuda_stages_refused, group_gemm_chains,
                                     reduces_rows)
 
-    def decide(first, second, region) -> bool:
+    def decide(first, second, kinds) -> bool:
         shape = chain_shape(first, second)
         tgt = tvm.target.Target.current(allow_none=True)
         if shape is None or tgt is None or tgt.kind.name not in ("llvm", "cuda"):
@@ -95,12 +95,12 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
             return False
         dev = device if device is not None else hardware.from_target(tgt)
         chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8,
-                          row_reduction=reduces_rows(region))
+                          row_reduction=reduces_rows(kinds))
         if tgt.kind.name == "cuda":
             from .fusion.lower_cuda import plan_cuda_chain
 
             plan = plan_cuda_chain(chain, dev)
-            refused = cuda_stages_refused(region)
+            refused = cuda_stages_refused(kinds)
             if refused and plan.fuse:
                 plan.fuse = False
                 plan.reason += (f"; kept apart: the fused CUDA kernel does not take "

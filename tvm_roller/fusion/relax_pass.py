@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import tvm
-from tvm import relax
+from tvm import relax, s_tir
+
+from ..analysis.visit import post_order_visit
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 
@@ -120,36 +122,57 @@ def chain_shape(first, second) -> Optional[Tuple[List[int], int, int, int, int, 
 
 # ops between the matmuls that reduce each row (a fused kernel must hold whole rows for them)
 _ROW_REDUCTIONS = {"relax.nn.softmax", "relax.nn.log_softmax", "relax.max", "relax.min",
-                   "relax.sum", "relax.mean", "relax.nn.layer_norm", "relax.nn.rms_norm"}
-
-
+                   "relax.sum", "relax.mean", "relax.nn.layer_norm", "relax.nn.rms_norm",
+                   "tir:reduction"}
 # what the fused CUDA kernel takes between the matmuls: elementwise ops on the rows and one
-# softmax (a reshape or a mask built from the scores changes the rows it holds)
+# softmax (a reshape or a mask built from the scores changes the rows it holds); a PrimFunc
+# called in between (FastMathTransform's fast_softmax) is checked when the kernel is built
 _CUDA_STAGES = {"relax.nn.softmax", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
                 "relax.nn.silu", "relax.add", "relax.subtract", "relax.multiply",
-                "relax.divide", "relax.exp", "relax.tanh", "relax.sigmoid"}
+                "relax.divide", "relax.exp", "relax.tanh", "relax.sigmoid", "identity",
+                "tir:reduction", "tir:elementwise"}
 
 
-def _op_names(region) -> List[str]:
-    return [b.value.op.name if isinstance(b.value, relax.Call) and
-            isinstance(b.value.op, tvm.ir.Op) else type(b.value).__name__ for b in region]
+def _tir_kind(func) -> str:
+    kinds = set()
+    post_order_visit(func.body, lambda n: kinds.update(int(iv.iter_type) for iv in n.iter_vars)
+                     if isinstance(n, s_tir.SBlock) else None)
+    return "tir:reduction" if 2 in kinds else "tir:elementwise"
 
 
-def reduces_rows(region) -> bool:
-    """Whether a binding of ``region`` is a reduction (a softmax, a norm)."""
-    return any(name in _ROW_REDUCTIONS for name in _op_names(region))
+def stage_kinds(mod: tvm.IRModule, region) -> List[str]:
+    """What each binding between the matmuls does: its Relax op's name; ``tir:reduction`` or
+    ``tir:elementwise`` for a PrimFunc it calls; ``identity`` for a broadcast to its own shape."""
+    kinds = []
+    for b in region:
+        v = b.value
+        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+            kinds.append(type(v).__name__)
+        elif v.op.name == "relax.call_tir" and v.args[0] in mod.get_global_vars():
+            kinds.append(_tir_kind(mod[v.args[0]]))
+        elif v.op.name == "relax.broadcast_to" and \
+                list(v.args[0].ty.shape) == list(b.var.ty.shape):
+            kinds.append("identity")
+        else:
+            kinds.append(v.op.name)
+    return kinds
 
 
-def cuda_stages_refused(region) -> List[str]:
-    """The ops of ``region`` the fused CUDA kernel does not take (none: it can be fused)."""
-    return sorted({name for name in _op_names(region) if name not in _CUDA_STAGES})
+def reduces_rows(kinds: List[str]) -> bool:
+    """Whether a stage reduces rows (a softmax, a norm)."""
+    return any(k in _ROW_REDUCTIONS for k in kinds)
+
+
+def cuda_stages_refused(kinds: List[str]) -> List[str]:
+    """The stages the fused CUDA kernel does not take (none: it can be fused)."""
+    return sorted({k for k in kinds if k not in _CUDA_STAGES})
 
 
 def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
                       decide: Optional[Callable] = None) -> Tuple[tvm.IRModule, List[str]]:
     """The module with each chain of ``func_name`` in its own primitive function; their names.
-    ``decide(first, second, region)`` (the two matmul bindings, the bindings between them)
-    -> bool keeps a chain out when False:
+    ``decide(first, second, kinds)`` (the two matmul bindings, ``stage_kinds`` of the bindings
+    between them) -> bool keeps a chain out when False:
     its operators then go through the normal per-operator fusion and scheduling."""
     func = mod[func_name]
     body = func.body
@@ -169,8 +192,9 @@ def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
         replace: Dict[int, relax.Binding] = {}
         drop: Set[int] = set()
         for first, region, second in chains:
-            if decide is not None and not decide(bindings[first], bindings[second],
-                                                 [bindings[i] for i in region]):
+            if decide is not None and not decide(
+                    bindings[first], bindings[second],
+                    stage_kinds(mod, [bindings[i] for i in region])):
                 continue
             name = f"roller_gemm_chain_{len(names)}"
             gv, call = _outline(bb, name, [bindings[i] for i in [first] + region + [second]])

@@ -135,6 +135,9 @@ def stitch(func: tirx.PrimFunc, scheduled: Sequence[tirx.PrimFunc],
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
 
 
+_ASYNC = "software_pipeline_async_stages"
+
+
 def _synchronous_fetches(sch: s_tir.Schedule) -> None:
     """Drop cp.async from a part that reads an intermediate: allocated in the function (not a
     parameter), TVM's StorageRewrite gives it a vector element type, and its PTX async-copy
@@ -146,8 +149,8 @@ def _synchronous_fetches(sch: s_tir.Schedule) -> None:
     for name in names:
         for loop in sch.get_loops(sch.get_sblock(name)):
             node = sch.get(loop)
-            if node.loop_var.id_ not in done and "software_pipeline_async_stages" in node.annotations:
-                sch.unannotate(loop, "software_pipeline_async_stages")
+            if node.loop_var.id_ not in done and _ASYNC in node.annotations:
+                sch.unannotate(loop, _ASYNC)
                 done.add(node.loop_var.id_)
 
 

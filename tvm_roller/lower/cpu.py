@@ -31,12 +31,6 @@ _UNROLL_STEP = 64
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
     """A prologue whose innermost write index moves with its innermost read index (padding,
     broadcast, elementwise): inlining it keeps the consumer's vector loads contiguous."""
@@ -62,10 +56,6 @@ def _elements(sch: s_tir.Schedule, name: str) -> int:
     return math.prod(int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape)
 
 
-
-
-
-
 def _is_vectorized(sch: s_tir.Schedule, loop) -> bool:
     return int(sch.get(loop).kind) == 2  # ForKind.VECTORIZED
 
@@ -79,8 +69,6 @@ def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
         return
     _, inner = sch.split(loop, [None, lanes])
     sch.vectorize(inner)
-
-
 
 
 def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
