@@ -164,7 +164,16 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-# -- GEMM chains (fusion): float64 references -------------------------------------------------
+# -- GEMM chains (fusion): shapes and float64 references -------------------------------------
+CHAIN_CASES = [  # (batch, m, k, l, n, middle)
+    ([3], 37, 13, 41, 11, "relu"),      # odd and prime
+    ([2, 3], 7, 5, 3, 2, "softmax"),    # two batch axes, tiny
+    ([1], 1, 1, 1, 1, "none"),          # size 1 everywhere
+    (None, 24, 16, 96, 32, "gelu"),     # 2-D: an MLP block
+    ([4], 64, 32, 128, 48, "softmax"),  # attention-like
+]
+
+
 def chain_inputs(batch, m, k, l, n):  # noqa: E741
     bs = tuple(batch or ())
     return [rand(bs + (m, k), seed=1), rand(bs + (k, l), seed=2), rand(bs + (l, n), seed=3)]

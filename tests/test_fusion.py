@@ -11,24 +11,11 @@ from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.fusion.workloads import gemm_chain
 from tvm_roller.suite import workloads as W
 
-from conftest import (TARGET, assert_close, chain_inputs, chain_reference, conv_chain_reference,
-                      device, rand, run)
+from conftest import (CHAIN_CASES, TARGET, assert_close, chain_inputs, chain_reference,
+                      conv_chain_reference, device, rand, run)
 
 
-
-
-
-
-CASES = [  # (batch, m, k, l, n, middle)
-    ([3], 37, 13, 41, 11, "relu"),      # odd and prime
-    ([2, 3], 7, 5, 3, 2, "softmax"),    # two batch axes, tiny
-    ([1], 1, 1, 1, 1, "none"),          # size 1 everywhere
-    (None, 24, 16, 96, 32, "gelu"),     # 2-D: an MLP block
-    ([4], 64, 32, 128, 48, "softmax"),  # attention-like
-]
-
-
-@pytest.mark.parametrize("batch,m,k,l,n,middle", CASES)
+@pytest.mark.parametrize("batch,m,k,l,n,middle", CHAIN_CASES)
 def test_fused_and_unfused_match_numpy(batch, m, k, l, n, middle):  # noqa: E741
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)

@@ -33,26 +33,16 @@ from tvm_roller.hardware import gpu
 from tvm_roller.lower.cuda_build import check
 from tvm_roller.lower.cuda_replica import cpu_replica
 
-from conftest import (assert_close, chain_inputs, chain_reference, conv_chain_reference,
-                      cuda_target, rand, run)
+from conftest import (CHAIN_CASES, assert_close, chain_inputs, chain_reference,
+                      conv_chain_reference, cuda_target, rand, run)
+from cuda_emulator import emulate, needs_emulator
 
 H100 = hardware.preset("h100")
 SM90 = cuda_target("sm_90")
 TOL = 1e-4
 
 
-
-
-
-
-CASES = [  # (batch, m, k, l, n, middle)
-    ([3], 37, 13, 41, 11, "relu"),      # odd and prime
-    ([2, 3], 7, 5, 3, 2, "softmax"),    # two batch axes, tiny
-    ([1], 1, 1, 1, 1, "none"),          # size 1 everywhere
-    (None, 24, 16, 96, 32, "gelu"),     # 2-D: an MLP block
-    ([4], 64, 32, 128, 48, "softmax"),  # attention-like
-    ([2], 16, 64, 64, 64, "none"),      # every tile whole: vector fetches
-]
+CASES = CHAIN_CASES + [([2], 16, 64, 64, 64, "none")]  # + every tile whole: vector fetches
 
 
 @pytest.mark.parametrize("batch,m,k,l,n,middle", CASES)
@@ -198,129 +188,7 @@ def test_plan_is_plain_data():
         plan_cuda_chain(detect_chain(func), H100, rows=3)
 
 
-# -- the generated CUDA run on the host: barriers, shuffles and shared tiles as on a GPU ---------
-_EMU_PRELUDE = r'''
-#include <vector_types.h>
-#include <pthread.h>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <thread>
-#include <vector>
-#define uint unsigned int
-#define uchar unsigned char
-struct emu_dim3 { unsigned x, y, z; };
-static thread_local emu_dim3 threadIdx, blockIdx;
-static emu_dim3 blockDim, gridDim;
-static pthread_barrier_t emu_block_bar;
-static pthread_barrier_t emu_warp_bar[32];
-static unsigned emu_lane_word[32][32];
-alignas(256) static unsigned char emu_smem[EMU_SMEM + 64];
-static inline int emu_tid() { return threadIdx.x + blockDim.x * threadIdx.y; }
-// a shuffle: every lane of the warp publishes its word, then reads the source lane's
-template <class T> static T emu_shfl(T v, int src) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles only");
-  int w = emu_tid() / 32, lane = emu_tid() % 32;
-  memcpy(&emu_lane_word[w][lane], &v, 4);
-  pthread_barrier_wait(&emu_warp_bar[w]);
-  T r; memcpy(&r, &emu_lane_word[w][src], 4);
-  pthread_barrier_wait(&emu_warp_bar[w]);
-  return r;
-}
-template <class T> static T __shfl_down_sync(unsigned, T v, int offset, int width) {
-  int lane = emu_tid() % 32;
-  return emu_shfl(v, (lane % width) + offset < width ? lane + offset : lane);
-}
-template <class T> static T __shfl_sync(unsigned, T v, int src, int width) {
-  int lane = emu_tid() % 32;
-  return emu_shfl(v, (lane / width) * width + src % width);
-}
-static inline unsigned __activemask() { return 0xffffffffu; }
-static inline float max(float a, float b) { return a > b ? a : b; }
-static inline float min(float a, float b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
-static inline int min(int a, int b) { return a < b ? a : b; }
-#define __global__
-#define __launch_bounds__(x)
-#define __align__(x) alignas(x)
-#define __syncthreads() pthread_barrier_wait(&emu_block_bar)
-'''
-
-_EMU_DRIVER = r'''
-static std::vector<std::vector<unsigned char>> emu_args;
-static void emu_thread(emu_dim3 b, emu_dim3 t) { blockIdx = b; threadIdx = t; main_kernel(@ARGS@); }
-int main(int argc, char** argv) {
-  for (int i = 0; i < @NARGS@; ++i) {
-    FILE* f = fopen(argv[1 + i], "rb"); fseek(f, 0, SEEK_END); long n = ftell(f); fseek(f, 0, SEEK_SET);
-    emu_args.emplace_back(n); if (fread(emu_args.back().data(), 1, n, f) != (size_t)n) return 2; fclose(f);
-  }
-  gridDim = {@GX@, 1, 1}; blockDim = {@BX@, @BY@, 1};
-  int threads = @BX@ * @BY@;
-  pthread_barrier_init(&emu_block_bar, nullptr, threads);
-  for (int w = 0; w < threads / 32; ++w) pthread_barrier_init(&emu_warp_bar[w], nullptr, 32);
-  for (unsigned bx = 0; bx < @GX@; ++bx) {
-    memset(emu_smem, 0xff, sizeof(emu_smem));  // NaN: a tile read before it is written shows
-    std::vector<std::thread> ts;
-    for (unsigned ty = 0; ty < @BY@; ++ty) for (unsigned tx = 0; tx < @BX@; ++tx)
-      ts.emplace_back(emu_thread, emu_dim3{bx, 0, 0}, emu_dim3{tx, ty, 0});
-    for (auto& t : ts) t.join();
-  }
-  FILE* f = fopen(argv[1 + @NARGS@], "wb");
-  fwrite(emu_args[@OUT@].data(), 1, emu_args[@OUT@].size(), f); fclose(f);
-  return 0;
-}
-'''
-
-
-def _cuda_include():
-    import os
-    import shutil
-
-    nvcc = shutil.which("nvcc")
-    cands = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
-    if nvcc:
-        cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    return next((os.path.join(c, "include") for c in cands
-                 if c and os.path.exists(os.path.join(c, "include", "vector_types.h"))), None)
-
-
-def _emulate(source, launch, arrays, out_name, workdir):
-    """Run ``source`` (TVM's CUDA, one kernel) on the host: each CUDA thread an OS thread,
-    ``__syncthreads`` a barrier, shuffles warp-collective; returns ``arrays[out_name]`` after."""
-    import re
-    import subprocess
-
-    sig = re.search(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?'
-                    r'main_kernel\(([^)]*)\)\s*\{', source)
-    params = [p.strip() for p in sig.group(1).split(",")]
-    names = [re.fullmatch(r"float\* __restrict__ (\w+)_ptr", p).group(1) for p in params]
-    body = source[source.index('extern "C"'):]
-    body = re.sub(r"extern __shared__ __align__\(\d+\) uchar (\w+)\[\];",
-                  r"uchar* \1 = emu_smem;", body)
-    # static locals: one copy per (emulated) thread block, shared by its threads
-    body = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", body)
-    subst = {"ARGS": ", ".join(f"(float*)emu_args[{i}].data()" for i in range(len(params))),
-             "NARGS": len(params), "OUT": names.index(out_name), "GX": launch.grid[0],
-             "BX": launch.block[0], "BY": launch.block[1]}
-    code = (_EMU_PRELUDE.replace("EMU_SMEM", str(max(16, launch.dyn_smem_bytes))) + body
-            + re.sub(r"@(\w+)@", lambda m: str(subst[m.group(1)]), _EMU_DRIVER))
-    cpp, exe = workdir / "emu.cpp", workdir / "emu"
-    cpp.write_text(code)
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-pthread", "-w", f"-I{_cuda_include()}",
-                        str(cpp), "-o", str(exe)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    files = []
-    for i, name in enumerate(names):
-        files.append(str(workdir / f"arg{i}.bin"))
-        np.ascontiguousarray(arrays[name]).tofile(files[-1])
-    out = str(workdir / "out.bin")
-    r = subprocess.run([str(exe), *files, out], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return np.fromfile(out, dtype=np.float32).reshape(arrays[out_name].shape)
-
-
-@pytest.mark.skipif(__import__("shutil").which("g++") is None or _cuda_include() is None,
-                    reason="g++ or the CUDA headers not found")
+@needs_emulator
 @pytest.mark.parametrize("batch,m,k,l,n,middle,rows", [
     ([2], 64, 32, 128, 48, "softmax", 32),  # 8 warps: shuffles per warp, the S tile per step
     ([3], 37, 13, 41, 11, "relu", 37),      # prime: predicated threads and tiles
@@ -338,7 +206,8 @@ def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # 
     (launch,) = bundle.launches
     a, b, d = chain_inputs(batch, m, k, l, n)
     e = np.full(tuple(batch or ()) + (m, n), np.nan, dtype=np.float32)
-    out = _emulate(bundle.source, launch, {"A": a, "B": b, "D": d, "E": e}, "E", tmp_path)
+    out = emulate(bundle.source, launch.grid, launch.block, launch.dyn_smem_bytes,
+                  {"A": a, "B": b, "D": d, "E": e}, "E", str(tmp_path))
     assert_close(out, chain_reference(a, b, d, middle), TOL)
 
 
