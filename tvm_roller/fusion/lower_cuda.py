@@ -46,7 +46,7 @@ from tvm import s_tir
 from ..errors import UnsupportedError
 from ..hardware import DeviceModel, gpu
 from ..lower.common import attempt, block_names, extent, is_reduction, require
-from ..lower.cuda import _aligned_lanes, _vector_lanes
+from ..lower.cuda import aligned_lanes, vector_lanes
 from .chain import GemmChain
 
 SMEM_SCOPE = "shared.dyn"  # past the 48 KB static limit; TVM raises the kernel's limit at launch
@@ -303,7 +303,7 @@ def _spread(sch: s_tir.Schedule, block, warps: int, vectorize: bool) -> None:
     vec = 1
     if vectorize:  # along the tile's rows, which must hold whole vectors (checked there)
         dtype = str(sch.get(block).writes[0].source.dtype)
-        vec = _aligned_lanes(sch, block, inner[-1], _vector_lanes(dtype))
+        vec = aligned_lanes(sch, block, inner[-1], vector_lanes(dtype))
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
     if vec > 1 and total % (vec * warps * WARP) == 0:
         outer, v = sch.split(fused, [None, vec])

@@ -113,7 +113,9 @@ def describe(chain: GemmChain, plan) -> List[str]:
              f"{chain.intermediate_bytes / 2**20:.2f} MiB",
              f"decision: {'fused' if plan.fuse else 'not fused (operators one by one)'}: "
              f"{plan.reason}"]
-    if hasattr(plan, "thread_tile"):  # the fused CUDA kernel's plan (fusion.lower_cuda)
+    from .lower_cuda import CudaChainPlan
+
+    if isinstance(plan, CudaChainPlan):  # the fused CUDA kernel's plan
         lines.append(f"  fused kernel: {plan.rows} rows per thread block, {plan.blocks} blocks "
                      f"of {plan.threads} threads, register tiles {plan.thread_tile} and "
                      f"{plan.thread_tile2}, {plan.smem_bytes} B of shared memory "

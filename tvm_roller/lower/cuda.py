@@ -37,11 +37,11 @@ _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is inval
 _UNROLL_STEP = 256
 
 
-def _vector_lanes(dtype: str) -> int:
+def vector_lanes(dtype: str) -> int:
     return max(1, _VECTOR_BYTES // DTYPE_BYTES.get(dtype, 4))
 
 
-def _aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
+def aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
     """The widest vector (<= ``lanes``) every access of ``block`` can use along ``loop``: each
     access must step by one element along it, from an address that is a multiple of the vector
     for every value of the other loops (a misaligned float4 faults on the GPU), and no access may
@@ -102,7 +102,7 @@ def _cooperative_fetch(sch: s_tir.Schedule, block, threads: int, dtype: str) -> 
     if not inner:
         return
     total = math.prod(extent(sch, l) or 1 for l in inner)
-    vec = _aligned_lanes(sch, block, inner[-1], _vector_lanes(dtype))
+    vec = aligned_lanes(sch, block, inner[-1], vector_lanes(dtype))
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
     if vec > 1 and total >= vec * threads:
         _, tx, v = sch.split(fused, [None, threads, vec])
@@ -124,7 +124,7 @@ def _pad_rows(sch: s_tir.Schedule, block, dtype: str, dev: DeviceModel) -> Optio
     bank_row = int(dev.extra.get("smem_banks", 32)) * int(dev.extra.get("bank_bytes", 4)) // elem
     if row % bank_row:
         return None
-    pad = _vector_lanes(dtype)
+    pad = vector_lanes(dtype)
     sch.storage_align(block, 0, axis=nd - 2, factor=bank_row, offset=pad)
     return f"{sch.get(block).name_hint}: rows of {row} padded by {pad} (bank conflicts)"
 
@@ -190,8 +190,8 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
     for name in fa.consumers:
         require(f"CUDA lowering: inlining epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
     wb_loops = sch.get_loops(wb)
-    lanes = _aligned_lanes(sch, wb, wb_loops[-1],
-                           _vector_lanes(str(sch.get(wb).writes[0].source.dtype)))
+    lanes = aligned_lanes(sch, wb, wb_loops[-1],
+                          vector_lanes(str(sch.get(wb).writes[0].source.dtype)))
     if lanes > 1:
         if (extent(sch, wb_loops[-1]) or 1) > lanes:
             _, vi = sch.split(wb_loops[-1], [None, lanes])
@@ -253,7 +253,7 @@ def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str) -> None:
     """One element (or one 16-byte vector) per thread over the block's fused loops."""
     loops = sch.get_loops(block)
     _bind_flat_loops(sch, loops, threads,
-                     _aligned_lanes(sch, block, loops[-1], _vector_lanes(dtype)))
+                     aligned_lanes(sch, block, loops[-1], vector_lanes(dtype)))
 
 
 def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
