@@ -12,8 +12,11 @@ README = HERE / "README.md"
 
 # torch is pinned to the CPU wheel family the project is tested with; matplotlib and the
 # notebook packages run the tutorials / benchmark plots.
-TEST_EXTRAS = ["pytest", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel",
-              "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
+# transformers builds HuggingFace architectures from their configs (random weights, no download)
+# for the whole-model tests and benchmarks.
+TEST_EXTRAS = ["pytest", "torch==2.13.0", "transformers==5.24.0", "matplotlib", "nbclient",
+               "nbformat", "ipykernel",
+               "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
 
 setup(
     name="tvm-roller",

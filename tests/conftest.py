@@ -86,7 +86,8 @@ def run(lib, arrays, out_shape, out_dtype) -> np.ndarray:
     else:
         fill = np.full(shape, np.nan, dtype=out_dtype)
     out = tvm.runtime.tensor(fill, dev)
-    lib(*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in arrays], out)
+    # np.require keeps 0-d arrays 0-d (ascontiguousarray makes them 1-d)
+    lib(*[tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays], out)
     return out.numpy()
 
 

@@ -191,7 +191,7 @@ def test_relax_model_functions():
             try:
                 p = tvm_roller.plan(func, SM90)
             except tvm_roller.UnsupportedError:
-                continue  # the gather: dlight's
+                continue  # what roller declines: dlight's
             ins = []
             for i, param in enumerate(func.params[:-1]):
                 shape = [int(s) for s in param.shape]
@@ -205,7 +205,7 @@ def test_relax_model_functions():
             lib = tvm.compile(cpu_replica(tvm_roller.api.apply(p, p.tiles[0]).mod), target="llvm")
             assert_close(run(lib, ins, out_shape, out_dt), ref, 1e-4)
             n_checked += 1
-        assert n_checked >= 15, (name, n_checked)
+        assert n_checked >= 12, (name, n_checked)  # batch norms fold into the convolutions
 
 
 def test_fp16_gemm_odd_shape_on_cuda_cores():

@@ -131,3 +131,59 @@ def test_conv_chain_fused_and_unfused(shape):
     assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
     lib = tvm_roller.build(func, TARGET, device=device())  # whatever the model decides
     assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
+
+
+def test_relax_repeated_layers_share_one_chain_function():
+    """Two identical encoder layers whose attention chains are fused: TVM's BlockBuilder hands
+    back the first layer's (structurally equal) chain function for the second; both layers
+    call it, and the model matches PyTorch."""
+    import torch
+    from torch import nn
+    from tvm import relax
+
+    from tvm_roller.compile_model import import_torch
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(768, 12, 256, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(1, 512, 768)
+    mod = import_torch(model, x)
+    decisions = []
+    tgt = tvm_roller.hardware.normalize_target(TARGET)
+    with tgt:
+        grouped = tvm_roller.relax.fusion_passes(device=device(), chains=decisions)(mod)
+    fused = [d for d in decisions if d["fused"]]
+    assert len(fused) == 2, decisions  # each layer's attention
+    names = [gv.name_hint for gv, _ in grouped.functions_items() if "gemm_chain" in gv.name_hint]
+    assert len(names) == 1, names
+    report = []
+    ex = tvm_roller.relax.compile(mod, tgt, report, device=device(), cache=False)
+    assert not [e for e in report if e["fallback"] == "error"]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(out - ref).max() < 1e-4
+
+
+def test_relax_projection_into_scores_is_no_chain():
+    """Q = X.Wq reshaped into heads then Q.K^T: the second matmul's rows are not the first's,
+    so no chain is grouped there (it was planned as one matmul with a matmul epilogue)."""
+    import torch
+    from tvm import relax
+
+    from tvm_roller.compile_model import import_torch
+    from tvm_roller.fusion.relax_pass import find_chains
+
+    class Scores(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            q = self.q(x).reshape(1, 37, 4, 16).transpose(1, 2)
+            k = x.reshape(1, 37, 4, 16).transpose(1, 2)
+            return torch.matmul(q, k.transpose(-1, -2))
+
+    mod = import_torch(Scores().eval(), torch.randn(1, 37, 64))
+    block = mod["main"].body.blocks[0]
+    assert find_chains(block) == []

@@ -36,7 +36,10 @@ def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     n = 0
     for acc in fa.reads:
         f = acc.footprint(tuple(reg))
-        n += ceil_div(f, lanes) if (v is not None and acc.innermost_axis() == v) else f
+        # vector loads along the vector axis; also a depthwise window's ``ff + rc`` (the axis
+        # steps the last dimension by one, with a reduction offset)
+        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
+        n += ceil_div(f, lanes) if vec else f
     return n
 
 

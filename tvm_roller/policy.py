@@ -9,6 +9,7 @@ are ranked by the micro-model; the whole construction is deterministic.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .analysis import FuncAnalysis
@@ -21,9 +22,15 @@ from .rtile import RTile, aligned_steps, ceil_div, padding_waste
 Tile = Tuple[int, ...]
 L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines
 L2_FILL = 0.5
-PAD_EPS = 0.0  # tiles divide their axes: a predicated (padded) update block stops LLVM from
-# keeping the accumulators in registers (measured: 6x64 GEMM tile 28 GFLOP/s predicated vs 94 exact)
-REG_PAD_EPS = PAD_EPS  # predicates inside the unrolled micro-kernel cost more than the model counts
+# ROLLER's alignment epsilon: a register tile that does not divide its axis is allowed when
+# padding the axis up to a multiple of it wastes at most this fraction of the axis. The lowering
+# pads the main block (``pad_einsum``: zero-filled input copies, the padded output rows dropped in
+# the write-back), so the hot loop keeps no predicate (a predicated tail inside the unrolled
+# micro-kernel measured 28 GFLOP/s for a 6x64 tile vs 94 exact). Only for einsum-like main blocks
+# (every index one axis: matmuls, batch matmuls); others (convolutions) keep exact divisors.
+# Cache (L1/L2/task) tiles divide the padded extent. See BENCHMARKS.md "Irregular extents".
+PAD_EPS = 0.10
+REG_PAD_EPS = PAD_EPS
 
 
 def _grow(start: Tile, steps: List[List[int]], cost_q: Callable[[Tile], float],
@@ -57,7 +64,33 @@ def _grow(start: Tile, steps: List[List[int]], cost_q: Callable[[Tile], float],
         path.append(cur)
 
 
-def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[str]) -> List[Tile]:
+def einsum_like(fa: FuncAnalysis) -> bool:
+    """Every buffer index of the main block is one block axis or a constant (matmul, batch
+    matmul): the block can be padded with ``pad_einsum``."""
+    for acc in fa.reads + fa.writes:
+        for d in acc.dims:
+            if d.coeffs is None or d.extent != 1 or sum(1 for c in d.coeffs if c) > 1 or \
+                    any(c not in (0, 1) for c in d.coeffs):
+                return False
+    return True
+
+
+def padded_extents(fa: FuncAnalysis, reg: Sequence[int]) -> List[int]:
+    """Each axis rounded up to a multiple of the register tile (reduction axes unchanged)."""
+    return [ceil_div(a.extent, r) * r if a.kind == "S" else a.extent
+            for a, r in zip(fa.axes, reg)]
+
+
+def _divisor_step(padded: int, unit: int, at_most: int) -> int:
+    """The largest multiple of ``unit`` that is <= ``at_most`` and divides ``padded``."""
+    for m in range(max(1, at_most // unit), 0, -1):
+        if padded % (m * unit) == 0:
+            return m * unit
+    return unit
+
+
+def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[str],
+                    eps: float = 0.0) -> List[Tile]:
     v = fa.vector_axis
     nregs = dev.num_vector_registers
     steps: List[List[int]] = []
@@ -77,7 +110,7 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
                              "taken whole, partly filled vectors")
             steps.append(sizes); start.append(sizes[0])
         else:  # sizes that tile the axis evenly (or nearly), so no predicate in the kernel
-            steps.append(aligned_steps(a.extent, 1, limit=16, eps=REG_PAD_EPS,
+            steps.append(aligned_steps(a.extent, 1, limit=16, eps=eps,
                                        multiples=tuple(range(1, 17))))
             start.append(steps[-1][0])
     start = tuple(start)
@@ -101,16 +134,19 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
 
 
 def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction: bool,
-                 lanes: int, line_elems: int, fixed_red: Optional[Tile] = None) -> List[Tile]:
-    """Grow spatial multiples of ``base`` (and, at L1, reduction chunks) within ``cap_bytes``."""
+                 lanes: int, line_elems: int, fixed_red: Optional[Tile] = None,
+                 padded: Optional[Sequence[int]] = None) -> List[Tile]:
+    """Grow spatial multiples of ``base`` (and, at L1, reduction chunks) within ``cap_bytes``;
+    spatial sizes divide the (register-padded) extent."""
     steps: List[List[int]] = []
     start = list(base)
     inner_red = _innermost_reduction(fa)
+    padded = padded or [a.extent for a in fa.axes]
     for i, a in enumerate(fa.axes):
         if a.kind == "S":
             b = base[i]
-            sizes = [m * b for m in range(1, ceil_div(a.extent, b) + 1)
-                     if padding_waste(a.extent, m * b) <= PAD_EPS]
+            sizes = [m * b for m in range(1, ceil_div(padded[i], b) + 1)
+                     if padding_waste(padded[i], m * b) == 0]
             steps.append(sorted(set(sizes) | {b}))
         elif grow_reduction:
             unit = line_elems if i == inner_red and a.extent >= line_elems else 1
@@ -145,8 +181,11 @@ def _innermost_reduction(fa: FuncAnalysis) -> Optional[int]:
     return red[-1] if red else None
 
 
-def _scale_out(fa: FuncAnalysis, l1: Tile, l2: Tile, cores: int) -> Tile:
-    """Shrink the per-core tile until all cores have work with little wave-quantization loss."""
+def _scale_out(fa: FuncAnalysis, l1: Tile, l2: Tile, cores: int,
+               padded: Optional[Sequence[int]] = None) -> Tile:
+    """Shrink the per-core tile until all cores have work with little wave-quantization loss
+    (to sizes that divide the padded extent: no partial task tile)."""
+    padded = padded or [a.extent for a in fa.axes]
     def eff(t: Tile) -> float:
         n = num_tiles(fa, t, fa.spatial)
         return n / (ceil_div(n, cores) * cores)
@@ -163,7 +202,7 @@ def _scale_out(fa: FuncAnalysis, l1: Tile, l2: Tile, cores: int) -> Tile:
             if floor is None:
                 continue
             nxt = list(cur)
-            nxt[i] = max(floor, (cur[i] // 2) // l1[i] * l1[i])
+            nxt[i] = _divisor_step(padded[i], l1[i], max(floor, cur[i] // 2))
             if nxt[i] == cur[i]:
                 continue
             # lowest reuse loss first: the axis whose shrink adds the least traffic
@@ -177,44 +216,71 @@ def _scale_out(fa: FuncAnalysis, l1: Tile, l2: Tile, cores: int) -> Tile:
     return tuple(cur)
 
 
-def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int) -> Tile:
+def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int,
+                              padded: Optional[Sequence[int]] = None) -> Tile:
     """Small problems: shrink the L1 tile too so that each core gets a tile."""
+    padded = padded or [a.extent for a in fa.axes]
     cur = list(l1)
     while num_tiles(fa, cur, fa.spatial) < cores:
         cands = [i for i in fa.spatial if cur[i] > reg[i]]
         if not cands:
             break
         i = max(cands, key=lambda j: (cur[j] // reg[j], -j))
-        cur[i] = max(reg[i], (cur[i] // 2) // reg[i] * reg[i])
+        cur[i] = _divisor_step(padded[i], reg[i], max(reg[i], cur[i] // 2))
     return tuple(cur)
 
 
-def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+def _padding_notes(fa: FuncAnalysis, padded: Sequence[int], eps: float) -> List[str]:
+    out = []
+    for a, p in zip(fa.axes, padded):
+        if p != a.extent:
+            w = padding_waste(a.extent, p)
+            why = f"<= eps {eps:.0%}" if w <= eps else "whole vectors"
+            out.append(f"axis {a.name}: {a.extent} padded to {p} (waste {w:.1%} {why}): "
+                       "pad_einsum, zero-filled inputs, no predicate in the micro-kernel")
+    return out
+
+
+def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
+                    pad_eps: Optional[float] = None) -> List[RTile]:
+    """``pad_eps``: the padding epsilon (default ``PAD_EPS``); 0 keeps exact divisors."""
     lanes = dev.simd_lanes(fa.dtype)
     elem = DTYPE_BYTES.get(fa.dtype, 4)
     line_elems = max(1, dev.levels[0].line_bytes // elem)
     notes: List[str] = []
-    regs = _register_level(fa, dev, lanes, notes)
+    eps = PAD_EPS if pad_eps is None else pad_eps
+    can_pad = einsum_like(fa)
+    if eps > 0 and not can_pad:
+        eps = 0.0
+        notes.append("padding eps 0: the main block is not einsum-like (tiles divide the axes)")
+    regs = _register_level(fa, dev, lanes, notes, eps)
     cands = {}
     for reg in regs:
+        padded = padded_extents(fa, reg) if can_pad else [a.extent for a in fa.axes]
         l1s = _cache_level(fa, reg, dev.levels[0].capacity_bytes * L1_FILL, True, lanes,
-                           line_elems)
+                           line_elems, padded=padded)
         for l1 in l1s:
-            l1 = _split_l1_for_parallelism(fa, reg, l1, dev.num_units)
+            l1 = _split_l1_for_parallelism(fa, reg, l1, dev.num_units, padded)
             l2s = _cache_level(fa, l1, dev.levels[1].capacity_bytes * L2_FILL, False, lanes,
-                               line_elems, fixed_red=l1)
+                               line_elems, fixed_red=l1, padded=padded)
             for l2 in l2s:
-                l2 = _scale_out(fa, l1, l2, dev.num_units)
+                l2 = _scale_out(fa, l1, l2, dev.num_units, padded)
                 t = RTile(kind="tiled", axes=[a.name for a in fa.axes],
                           extents=[a.extent for a in fa.axes],
                           axis_kinds="".join(a.kind for a in fa.axes),
                           reg=list(reg), l1=list(l1), l2=list(l2),
-                          vector_axis=fa.vector_axis, vector_lanes=lanes, notes=list(notes))
+                          vector_axis=fa.vector_axis, vector_lanes=lanes,
+                          notes=list(notes) + _padding_notes(fa, padded, eps))
                 predict_tiled(fa, dev, t)
                 cands.setdefault(t.key(), t)
-    # ties: more accumulators first (fewer accumulator loads/stores than the model counts)
+    # ties: less padding first (the pad copies cost more than the model counts), then more
+    # accumulators (fewer accumulator loads/stores than the model counts)
+    def padding(t: RTile) -> int:
+        return math.prod(padded_extents(fa, t.reg)) if can_pad else 0
+
     ranked = sorted(cands.values(), key=lambda t: (
-        float(f"{t.predicted_s:.3g}"), -accumulator_registers(fa, t.reg, lanes), t.key()))
+        float(f"{t.predicted_s:.3g}"), padding(t), -accumulator_registers(fa, t.reg, lanes),
+        t.key()))
     return ranked[:max(1, topk)]
 
 
@@ -246,7 +312,14 @@ def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> Li
     return [t]
 
 
-def construct(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+def construct(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
+              pad_eps: Optional[float] = None) -> List[RTile]:
     if fa.kind == "tiled":
-        return construct_tiled(fa, dev, topk)
+        from .analysis.conv import is_convolution  # convolutions: policy_conv.py
+
+        if pad_eps is None and is_convolution(fa):
+            from .policy_conv import construct_conv
+
+            return construct_conv(fa, dev, topk)
+        return construct_tiled(fa, dev, topk, pad_eps)
     return construct_streaming(fa, dev, topk)

@@ -14,10 +14,10 @@ import logging
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 
 from .errors import FallbackWarning, UnsupportedError
 from .hardware import DeviceModel
@@ -34,10 +34,14 @@ class FuncReport:
 
     name: str
     status: str                     # "roller" or "fallback"
-    kind: str = ""                  # roller's class: tiled / reduction / elementwise
+    kind: str = ""                  # roller's class: tiled / reduction / elementwise / operators
     rtile: Optional[dict] = None    # the applied rTile as plain data
     predicted_s: Optional[float] = None
-    reason: str = ""                # why roller declined (fallback only)
+    reason: str = ""                # why roller declined, or the error it hit
+    # "" (scheduled by roller), "decline" (roller does not handle it: the reason says why) or
+    # "error" (roller failed on it: a defect, the reason has the exception type and message);
+    # a function roller split into operators reports the worst of its parts
+    fallback: str = ""
     cached: bool = False            # the plan came from the schedule cache
     schedule_s: float = 0.0         # time spent planning + scheduling this function
     fusion: str = ""                # a matmul chain: "fused" / "unfused", and the model's reason
@@ -46,23 +50,75 @@ class FuncReport:
         return asdict(self)
 
 
+# The convolution layouts each backend's kernels are fastest in (BENCHMARKS.md, "Real models"):
+# on a CPU, channels innermost (NHWC / NWC, weights HWIO / WIO) so the output channels are the
+# vector axis with unit-stride weights for every window, stride and group count. PyTorch's NCHW
+# weights are constants: their transposes fold at compile time; the activations' transposes
+# move to the model's edges (ConvertLayout carries the layout through elementwise ops and
+# pooling).
+CONV_LAYOUTS = {
+    "llvm": {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"]},
+    "cuda": {},
+}
+
+
+def conv_layout_pass(layouts: Optional[dict] = None) -> tvm.transform.Pass:
+    """Convolutions to ``layouts`` (op name -> [data layout, kernel layout]); None: the current
+    target's entry of :data:`CONV_LAYOUTS` (none outside a target context)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerConvLayout")
+    def _convert(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        chosen = layouts
+        if chosen is None:
+            tgt = tvm.target.Target.current(allow_none=True)
+            chosen = CONV_LAYOUTS.get(tgt.kind.name, {}) if tgt is not None else {}
+        if not chosen or not _calls_any(mod, set(chosen)):
+            return mod  # (ConvertLayout itself runs out of memory on some models: DeBERTa)
+        try:
+            return tvm.transform.Sequential([relax.transform.ConvertLayout(chosen),
+                                             relax.transform.FoldConstant()])(mod)
+        except RuntimeError as err:  # TVM's pass failed (InternalError): layouts kept
+            warnings.warn(f"convolution layout conversion failed ({type(err).__name__}: "
+                          f"{_first_lines(err)}); the model's layouts are kept",
+                          FallbackWarning, stacklevel=2)
+            return mod
+
+    return _convert
+
+
+def _calls_any(mod: tvm.IRModule, op_names: set) -> bool:
+    found = []
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(
+                e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name in op_names
+                else None)
+    return bool(found)
+
+
 def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
                   device: Optional[DeviceModel] = None,
-                  chains: Optional[list] = None) -> tvm.transform.Pass:
+                  chains: Optional[list] = None,
+                  conv_layouts: Optional[dict] = None) -> tvm.transform.Pass:
     """Legalize and fuse the way roller's pipeline does (elementwise epilogues join their producer).
 
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
     pipeline schedules, so records written for them apply to what the pipeline builds.
     ``fast_math`` swaps exp/tanh for TVM's polynomial versions (``FastMathTransform``) and erf /
     GELU for roller's rational erf (:mod:`tvm_roller.fast_math`): these vectorize, while LLVM's
-    scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6."""
+    scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6.
+    ``conv_layouts``: see :func:`conv_layout_pass` (``{}`` keeps the model's layouts)."""
     from . import fast_math as fm
 
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
-    return tvm.transform.Sequential(fast + group + [
+    from .relax_inference import inference_pass
+    from .relax_workarounds import workarounds_pass
+
+    return tvm.transform.Sequential([workarounds_pass(), inference_pass(),
+                                     conv_layout_pass(conv_layouts)] + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -148,22 +204,11 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
         bar = _progress(todo, progress)
         for gv, func in bar:
             t0 = time.perf_counter()
-            name = gv.name_hint
-            try:
-                p, sch, cached = _schedule_one(func, tgt, dev, sched_cache)
-                tile = p.tiles[0]
-            except UnsupportedError as err:
-                entries.append(FuncReport(name, "fallback", reason=str(err),
-                                          schedule_s=time.perf_counter() - t0))
-                continue
-            new = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-            mod[gv] = new
-            fusion = ""
-            if p.fusion is not None:
-                fusion = f"{'fused' if p.fusion.fuse else 'unfused'}: {p.fusion.reason}"
-            entries.append(FuncReport(name, "roller", p.analysis.kind, tile.to_dict(),
-                                      tile.predicted_s, cached=cached,
-                                      schedule_s=time.perf_counter() - t0, fusion=fusion))
+            new, entry = schedule_function(gv.name_hint, func, tgt, dev, sched_cache)
+            if new is not None:
+                mod[gv] = new
+            entry.schedule_s = time.perf_counter() - t0
+            entries.append(entry)
         _summarise(entries)
         if report is not None:
             report.extend(e.to_dict() for e in entries)
@@ -175,7 +220,8 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
 def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
                  cache=True, progress: Optional[bool] = None,
                  fast_math: bool = True, chains: Optional[list] = None,
-                 fuse_chains: bool = True) -> tvm.transform.Pass:
+                 fuse_chains: bool = True,
+                 conv_layouts: Optional[dict] = None) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``. When
@@ -183,8 +229,12 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
     ``cache``: the persistent schedule cache (True: the default one; False: none; or a
     :class:`~tvm_roller.schedule_cache.ScheduleCache`). ``fast_math``: see :func:`fusion_passes`.
     ``chains`` (a list) gets one dict per matmul chain found: fused or kept apart, and why;
-    ``fuse_chains=False`` turns the matmul-chain fusion off (CPU targets; CUDA has none)."""
+    ``fuse_chains=False`` turns the matmul-chain fusion off; ``conv_layouts``: the layouts
+    convolutions are converted to (None: the backend's :data:`CONV_LAYOUTS`; ``{}``: keep the
+    model's)."""
     from .api import resolve_target
+
+    from .relax_workarounds import workarounds_pass
 
     tgt, _, _ = resolve_target(target, device)
     roller = schedule_pass(tgt, report, device, cache, progress)
@@ -194,9 +244,10 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         stages = _default_stages(tgt)
         with tgt:
             seq = tvm.transform.Sequential(
-                stages.library_dispatch_passes(tgt)
+                [workarounds_pass()]  # before DispatchSortScan legalizes the scans
+                + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(fast_math, fuse_chains, device,
-                                 chains), roller]
+                                 chains, conv_layouts), roller]
                 + _fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
@@ -208,7 +259,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
 def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
             device: Optional[DeviceModel] = None, cache=True, fast_math: bool = True,
             progress: Optional[bool] = None, chains: Optional[list] = None,
-            fuse_chains: bool = True):
+            fuse_chains: bool = True, conv_layouts: Optional[dict] = None):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.module_cache`) under a key
@@ -220,9 +271,11 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     from .module_cache import ModuleCache
 
     tgt, dev, _ = resolve_target(target, device)
+    options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
+               "conv_layouts": conv_layouts}
     mcache = None if cache is False or cache is None else ModuleCache()
     if mcache is not None:
-        hit = mcache.load(mod, tgt, dev, {"fast_math": fast_math, "fuse_chains": fuse_chains})
+        hit = mcache.load(mod, tgt, dev, options)
         if hit is not None:
             lib, entries = hit
             if report is not None:
@@ -234,12 +287,12 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     entries: list = []
     with pass_context(tgt):
         ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
-            tgt, entries, device, cache, progress, fast_math, chains, fuse_chains))
+            tgt, entries, device, cache, progress, fast_math, chains, fuse_chains,
+            conv_layouts))
     if report is not None:
         report.extend(entries)
     if mcache is not None:
-        mcache.store(mod, tgt, dev, {"fast_math": fast_math, "fuse_chains": fuse_chains}, ex,
-                     entries)
+        mcache.store(mod, tgt, dev, options, ex, entries)
     return ex
 
 
@@ -283,6 +336,99 @@ def _resolve_cache(cache):
     return ScheduleCache() if cache is True else cache
 
 
+def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
+                      ) -> Tuple[Optional[tirx.PrimFunc], FuncReport]:
+    """One PrimFunc of a model: (its roller-scheduled version, or None to leave it to TVM's
+    default; the report entry). Never raises for a failure inside roller: a function roller
+    declines (UnsupportedError) or fails on (any other error: a defect, reported with its type)
+    is left to TVM's default, except one holding several operators, which is retried as those
+    operators one by one (each roller-scheduled, or left to TVM's default on its own)."""
+    try:
+        p, sch, cached = _schedule_one(func, tgt, dev, sched_cache)
+        new = _checked(sch.mod["main"], tgt)
+    except UnsupportedError as err:
+        return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err))
+    except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
+        reason = f"{type(err).__name__}: {_first_lines(err)}"
+        logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
+        return _as_operators(name, func, tgt, dev, sched_cache, "error", reason)
+    fusion = ""
+    if p.fusion is not None:
+        fusion = f"{'fused' if p.fusion.fuse else 'unfused'}: {p.fusion.reason}"
+    tile = p.tiles[0]
+    return new, FuncReport(name, "roller", p.analysis.kind, tile.to_dict(), tile.predicted_s,
+                           cached=cached, fusion=fusion)
+
+
+def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str):
+    """The fallback for ``func``: its operators one by one when it has several (a chain group
+    that cannot be fused or planned whole is un-grouped this way), else TVM's default."""
+    from .fusion import split
+
+    whole = FuncReport(name, "fallback", reason=reason, fallback=fallback)
+    try:
+        groups = split.reduction_groups(func)
+    except UnsupportedError:
+        return None, whole
+    if len(groups) < 2:
+        return None, whole
+    parts: List[Tuple[str, str]] = []  # (fallback kind, reason) of each part left to TVM
+
+    def one(part: tirx.PrimFunc) -> s_tir.Schedule:
+        new, entry = schedule_function(f"{name}/part", part, tgt, dev, sched_cache)
+        if new is None:
+            parts.append((entry.fallback, entry.reason))
+            return s_tir.Schedule(_default_schedule(part, tgt))
+        return s_tir.Schedule(new)
+
+    try:
+        sch = split.build_groups(func, groups, one)
+        new = _checked(sch.mod["main"], tgt)
+    except Exception as err:  # noqa: BLE001  (the whole function's reason is reported)
+        whole.reason += f"; as its operators: {type(err).__name__}: {_first_lines(err)}"
+        return None, whole
+    worst = "error" if fallback == "error" or any(k == "error" for k, _ in parts) else \
+        ("decline" if parts else "")
+    detail = f"{reason}; built as its {len(groups)} operators one by one"
+    if parts:
+        detail += f" ({len(parts)} left to TVM's default: " + \
+            "; ".join(r for _, r in parts) + ")"
+    return new, FuncReport(name, "roller", "operators", reason=detail, fallback=worst)
+
+
+def _default_schedule(func: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
+    """TVM's default treatment of one PrimFunc: unscheduled on a CPU, dlight's rules on CUDA."""
+    if tgt.kind.name != "cuda":
+        return func
+    from .api import default_gpu_schedule
+
+    return default_gpu_schedule(tvm.IRModule({"main": func}), tgt)["main"]
+
+
+def _checked(func: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
+    """``func`` marked scheduled, once TVM has built it alone: a schedule TVM cannot lower or
+    compile fails here, for this function alone, not later in the whole model's build."""
+    func = func.with_attr("tirx.is_scheduled", True)
+    t0 = time.perf_counter()
+    tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tgt)
+    _CHECK_TIME[0] += time.perf_counter() - t0
+    return func
+
+
+_CHECK_TIME = [0.0]
+
+
+def _first_lines(err: BaseException, limit: int = 300) -> str:
+    """An exception's message without TVM's printed IR (it can be megabytes)."""
+    text = str(err).strip()
+    for marker in ("Error message:", "Check failed"):
+        if marker in text:
+            text = text[text.index(marker):]
+            break
+    text = " ".join(text.split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
 def _schedule_one(func, tgt, dev, sched_cache):
     """(plan, schedule, came_from_cache)."""
     from .api import apply, plan
@@ -309,9 +455,16 @@ def _summarise(entries: List[FuncReport]) -> None:
     n_roller = sum(e.status == "roller" for e in entries)
     n_cached = sum(e.cached for e in entries)
     fallbacks = [e for e in entries if e.status == "fallback"]
+    errors = [e for e in entries if e.fallback == "error"]
     logger.info("tvm_roller: %d PrimFuncs: %d scheduled by roller (%d from cache), %d left to "
-                "TVM's default", len(entries), n_roller, n_cached, len(fallbacks))
+                "TVM's default, %d roller errors", len(entries), n_roller, n_cached,
+                len(fallbacks), len(errors))
     if fallbacks:
-        detail = "; ".join(f"{e.name}: {e.reason}" for e in fallbacks)
-        warnings.warn(f"roller declined {len(fallbacks)} of {len(entries)} PrimFuncs, left to TVM's "
+        detail = "; ".join(f"{e.name} ({e.fallback}): {e.reason}" for e in fallbacks)
+        warnings.warn(f"roller left {len(fallbacks)} of {len(entries)} PrimFuncs to TVM's "
                       f"default: {detail}", FallbackWarning, stacklevel=3)
+    split_errors = [e for e in errors if e.status == "roller"]
+    if split_errors:
+        detail = "; ".join(f"{e.name}: {e.reason}" for e in split_errors)
+        warnings.warn(f"roller errors inside {len(split_errors)} PrimFuncs built as their "
+                      f"operators: {detail}", FallbackWarning, stacklevel=3)

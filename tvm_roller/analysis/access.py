@@ -7,6 +7,7 @@ integer-set analysis. Footprints of a tile are then cheap enough for the policy'
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -91,9 +92,14 @@ class Access:
         if hit is not None:
             return hit
         total = 1
-        for d in self.dims:
+        last = len(self.dims) - 1
+        for k, d in enumerate(self.dims):
             if d.coeffs is not None:
                 span = sum(abs(c) * (t - 1) for c, t in zip(d.coeffs, tile)) + d.extent
+                if k != last and d.extent == 1:
+                    # a strided window (y * s + ry, s > 1) touches at most one row per point:
+                    # a whole row/pixel apart from the next, unlike the contiguous last dim
+                    span = min(span, math.prod(t for c, t in zip(d.coeffs, tile) if c))
             else:
                 span = _nonaffine_span(d.expr, tuple(self._vars), key) + d.extent
             total *= min(span, d.size)

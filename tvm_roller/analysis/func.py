@@ -94,6 +94,7 @@ class _IndexChecker:
 
     def __init__(self) -> None:
         self.error: Optional[str] = None
+        self.gather: Optional[str] = None  # a data-dependent index (set instead of error)
 
     def visit(self, stmt) -> None:
         def fvisit(node):
@@ -110,8 +111,9 @@ class _IndexChecker:
             if self.error is not None:
                 return
             if isinstance(node, TensorLoad):
-                self.error = (f"data-dependent index: {buf} is indexed through the values of "
-                              f"{_buffer_name(node)} (a gather)")
+                self.gather = self.gather or (
+                    f"data-dependent index: {buf} is indexed through the values of "
+                    f"{_buffer_name(node)} (a gather)")
             elif isinstance(node, (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)):
                 if not isinstance(node.b, tirx.IntImm):
                     self.error = f"non-constant division in an index of {buf}: {node}"
@@ -146,6 +148,10 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
     checker.visit(func.body)
     if checker.error:
         raise UnsupportedError(checker.error)
+    # a gather (embedding lookup, take) is a memory-bound copy: streamed like any elementwise
+    # function; one inside a reduction or a tiled kernel has no access pattern to tile by
+    if checker.gather and _has_reduction(func):
+        raise UnsupportedError(checker.gather + " inside a reduction")
 
     for p in func.params:
         if not _is_buffer(p):
@@ -157,6 +163,10 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
                 f"(supported: {', '.join(tiled_dtypes)}; integer and bool tensors in "
                 "memory-bound kernels)")
 
+    if not _has_root_block(func):
+        # e.g. TVM's legalized cumsum: a hand-written loop nest in one opaque block
+        raise UnsupportedError("the function has no root block (a hand-written loop nest, "
+                               "not a compute roller can tile)")
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     block_rvs = sch.get_child_blocks(root)
@@ -208,7 +218,8 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
     fa.vector_axis = _find_vector_axis(fa)
     if not main_info.is_reduction:
         fa.kind = "elementwise"
-    elif fa.vector_axis is not None and fa.axes[fa.vector_axis].extent >= 4:
+    elif fa.vector_axis is not None and (fa.axes[fa.vector_axis].extent >= 4 or
+                                         _reuse_tiled(fa, tiled_dtypes)):
         fa.kind = "tiled"
     else:
         fa.kind = "reduction"
@@ -219,6 +230,19 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
                 f"a compute-bound (tiled) kernel needs {' or '.join(tiled_dtypes)} tensors; "
                 f"got dtype {', '.join(bad)}")
     return fa
+
+
+# -- classification by reuse (convolutions with few output channels) -------------------------------
+# an input element feeding at least this many multiply-adds makes a register tile pay even when
+# the vector axis is shorter than 4 (a 3-channel output conv: its filter is reused H*W times)
+_MIN_REUSE = 4
+
+
+def _reuse_tiled(fa: FuncAnalysis, tiled_dtypes) -> bool:
+    from .conv import operand_reuse
+
+    return fa.dtype in tiled_dtypes and operand_reuse(fa) >= _MIN_REUSE
+# -- end classification by reuse ------------------------------------------------------------------
 
 
 def _is_buffer(param) -> bool:
@@ -234,6 +258,18 @@ def unwrap_func(func) -> tirx.PrimFunc:
     if not isinstance(func, tirx.PrimFunc):
         raise UnsupportedError(f"expected a PrimFunc or IRModule, got {type(func).__name__}")
     return func
+
+
+def _has_reduction(func: tirx.PrimFunc) -> bool:
+    found = []
+    post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, s_tir.stmt.SBlock)
+                     and any(int(iv.iter_type) == _REDUCE for iv in n.iter_vars) else None)
+    return bool(found)
+
+
+def _has_root_block(func: tirx.PrimFunc) -> bool:
+    body = func.body
+    return isinstance(body, s_tir.stmt.SBlockRealize) and body.block.name_hint == "root"
 
 
 def _is_self_read(region, blk) -> bool:

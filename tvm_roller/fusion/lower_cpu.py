@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ..lower.common import extent, is_reduction
+from ..lower.common import block_names, extent, is_reduction
 from .chain import GemmChain
 
 _ROW_TILES = (6, 4, 3, 2, 1)
@@ -23,6 +23,21 @@ _ROW_TILES = (6, 4, 3, 2, 1)
 
 def _largest_divisor(n: int, options) -> int:
     return next((o for o in options if o <= n and n % o == 0), 1)
+
+
+def degenerate_tiles(chain: GemmChain, rows: int, lanes: int) -> str:
+    """Why the fused kernel's register tiles or stage vectors would be degenerate for this
+    chain (an irregular extent: a prime number of rows, a row length no multiple of a few
+    lanes), or "" when they are not. Such a chain runs faster as its operators, which roller
+    pads one by one."""
+    rm = _largest_divisor(rows, _ROW_TILES)
+    vec = _largest_divisor(chain.l, (lanes, 8, 4, 2))
+    why = []
+    if rows > 1 and rm < 2:
+        why.append(f"{rows} rows per task give one-row register tiles")
+    if chain.l >= lanes and vec < 4:
+        why.append(f"rows of {chain.l} give {vec}-wide vectors in the stages between")
+    return "; ".join(why)
 
 
 def _micro_kernel(sch: s_tir.Schedule, name: str, lanes: int) -> None:
@@ -75,8 +90,34 @@ def _stage(sch: s_tir.Schedule, name: str, lanes: int) -> None:
         sch.vectorize(v)
 
 
+def _pad_intermediate_columns(sch: s_tir.Schedule, chain: GemmChain, lanes: int) -> None:
+    """An intermediate whose row length l is no multiple of the micro-kernel's two vectors
+    (197 tokens, 1500 frames) would get a one-column register tile: the first matmul computes
+    a zero-padded ``rows x l_pad`` slice instead (its right operand padded once, outside the
+    tasks), and the stages after it read the first l columns of it."""
+    unit = 2 * lanes
+    if chain.l % unit == 0 or chain.l < unit:
+        return
+    first = sch.get_sblock(chain.first)
+    before = set(block_names(sch))
+    sch.pad_einsum(first, [1] * (len(chain.batch) + 1) + [unit, 1])
+    for name in block_names(sch):
+        if name in before:
+            continue
+        blk = sch.get_sblock(name)
+        if sch.get_producers(blk) and any(sch.get(p).name_hint == chain.first
+                                          for p in sch.get_producers(blk)):
+            sch.compute_inline(blk)  # the copy back: its readers take the padded slice
+        else:  # the padded operand: once, in parallel over its rows
+            loops = sch.get_loops(blk)
+            sch.parallel(sch.fuse(*loops[:-1]))
+            _, v = sch.split(loops[-1], [None, lanes])
+            sch.vectorize(v)
+
+
 def apply_fused(func, chain: GemmChain, rows: int, lanes: int) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
+    _pad_intermediate_columns(sch, chain, lanes)
     second = sch.get_sblock(chain.second)
     loops = sch.get_loops(second)
     nb = len(chain.batch)

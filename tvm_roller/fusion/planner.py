@@ -54,6 +54,14 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
         if "unfused" in name:
             setattr(plan, name, getattr(alone, name))
     decide(plan, dev, chain.intermediate_bytes, chain.row_reduction)
+    if plan.fuse:
+        from .lower_cpu import degenerate_tiles
+
+        why = degenerate_tiles(chain, rows_per_task(chain, plan, dev),
+                               dev.simd_lanes(chain.dtype))
+        if why:
+            plan.fuse = False
+            plan.reason += f"; not fused: {why} (the operators alone are padded)"
     return plan
 
 

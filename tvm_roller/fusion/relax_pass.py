@@ -10,6 +10,7 @@ parameters of the new function.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import tvm
@@ -79,7 +80,8 @@ def find_chains(block) -> List[Tuple[int, List[int], int]]:
                 break
             back.add(i)
             stack += [index[v] for v in _vars_of(bindings[i].value) if v in index]
-        if first is None or first < 0 or first in taken:
+        if first is None or first < 0 or first in taken or \
+                not _rows_carried(bindings[first], b2):
             continue
         fwd, stack = set(), [first]
         while stack:  # what the first matmul's result flows into
@@ -98,6 +100,24 @@ def find_chains(block) -> List[Tuple[int, List[int], int]]:
         chains.append((first, region, j))
         taken |= group | {j}
     return chains
+
+
+def _static_shape(expr) -> Optional[List[int]]:
+    dims = getattr(expr.ty, "shape", None)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+def _rows_carried(first, second) -> bool:
+    """Whether the second matmul's left operand has the first matmul's rows and columns (an
+    m x l matrix per batch, reached through elementwise and row-wise ops): a chain a fused
+    kernel can compute row block by row block. A reshape or a permutation in between (a Q
+    projection feeding Q.K^T through the heads' split) makes other rows: no chain."""
+    out, a = _static_shape(first.var), _static_shape(second.value.args[0])
+    if out is None or a is None or len(out) < 2 or len(a) < 2:
+        return False
+    return out[-2:] == a[-2:] and math.prod(out[:-2]) == math.prod(a[:-2])
 
 
 def chain_shape(first, second) -> Optional[Tuple[List[int], int, int, int, int, str]]:
@@ -200,7 +220,7 @@ def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",
             gv, call = _outline(bb, name, [bindings[i] for i in [first] + region + [second]])
             replace[second] = relax.VarBinding(bindings[second].var, call)
             drop |= set([first] + region)
-            names.append(name)
+            names.append(gv.name_hint)
         kept = [replace.get(i, b) for i, b in enumerate(bindings) if i not in drop]
         new_blocks.append(relax.DataflowBlock(kept))
     if not names:
@@ -235,14 +255,18 @@ def _outline(bb: relax.BlockBuilder, name: str, group: List[relax.Binding]):
     params = [relax.Var(_name(v) if not isinstance(v, tvm.ir.expr.GenericConst)
                         else f"weight{i}", v.ty) for i, v in enumerate(inputs)]
     mapping: Dict[relax.Var, relax.Expr] = dict(zip(inputs, params))
-    with bb.function(name, params, attrs={"Primitive": True}, pure=True, private=True):
-        with bb.dataflow():
+    # built in a builder of its own, then added: BlockBuilder.add_func returns the GlobalVar of
+    # an existing, structurally equal function (a repeated layer's chain) instead of a new name
+    local = relax.BlockBuilder()
+    with local.function(name, params, attrs={"Primitive": True}, pure=True, private=True):
+        with local.dataflow():
             out: Optional[relax.Var] = None
             for b in group:
                 value = _Rename(mapping).visit_expr(b.value)
-                out = bb.emit(value, name_hint=_name(b.var))
+                out = local.emit(value, name_hint=_name(b.var))
                 mapping[b.var] = out
-            res = bb.emit_output(out)
-        bb.emit_func_output(res)
-    gv = bb.get().get_global_var(name)
+            res = local.emit_output(out)
+        local.emit_func_output(res)
+    built = local.get()
+    gv = bb.add_func(built[built.get_global_var(name)], name)
     return gv, relax.Call(gv, inputs)

@@ -154,11 +154,41 @@ def _synchronous_fetches(sch: s_tir.Schedule) -> None:
                 done.add(node.loop_var.id_)
 
 
+def reduction_groups(func: tirx.PrimFunc) -> List[List[str]]:
+    """A function's blocks as the operators FuseOps would have made of them: each reduction
+    with the elementwise blocks before it (its prologue: padding, reshapes) and after it (its
+    epilogue) until the next reduction; trailing elementwise blocks join the last one."""
+    root, owner, blocks = _blocks(unwrap_func(func))
+    groups: List[List[str]] = [[]]
+    has_reduction = False
+    for name in owner:
+        if not _is_injective(blocks[name]) and has_reduction:
+            groups.append([])
+            has_reduction = False
+        groups[-1].append(name)
+        has_reduction = has_reduction or not _is_injective(blocks[name])
+    return [g for g in groups if g]
+
+
 def build_unfused(func: tirx.PrimFunc, chain: GemmChain,
                   schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
     """The chain as its operators one by one, each scheduled by ``schedule_one`` (roller's own
     plan and lowering for a single operator): a Schedule of the stitched function."""
-    groups = operator_groups(chain, _blocks(unwrap_func(func))[2])
+    return build_groups(func, operator_groups(chain, _blocks(unwrap_func(func))[2]),
+                        schedule_one)
+
+
+def build_operators(func: tirx.PrimFunc,
+                    schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
+    """A function holding several operators that is no chain roller fuses (e.g. a Relax group
+    whose matmuls do not chain row by row) as those operators one by one."""
+    return build_groups(func, reduction_groups(func), schedule_one)
+
+
+def build_groups(func: tirx.PrimFunc, groups: List[List[str]],
+                 schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
+    """``func`` cut into ``groups`` of blocks, each scheduled by ``schedule_one`` and stitched
+    back in order; a group ``schedule_one`` declines is retried block by block."""
     while True:
         parts, between = split_groups(func, groups)
         scheduled = []

@@ -23,7 +23,8 @@ from ..analysis import FuncAnalysis
 from ..analysis.visit import post_order_visit
 from ..analysis.access import build_access
 from ..rtile import RTile
-from .common import axis_loops, block_names, extent, is_padding, is_reduction, perfect_split
+from .common import (attempt, axis_loops, block_names, extent, is_padding, is_reduction,
+                     perfect_split)
 
 _UNROLL_STEP = 64
 
@@ -109,6 +110,8 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         else:
             leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
 
+    ext_p, out_pad, in_pads = _pad_main(sch, fa, t)
+    leftovers += in_pads  # zero-padded input copies: once, parallel and vectorized
     main = sch.get_sblock(fa.main)
     loops = axis_loops(sch, main)
     S, R = fa.spatial, fa.reduction
@@ -116,11 +119,11 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     # tile sizes enter the trace as sample_perfect_tile decisions, so MetaSchedule's mutators
     # can evolve a roller schedule (warm start) like one of its own samples
     for i in S:
-        a, b, c, d = perfect_split(sch, loops[i], fa.axes[i].extent,
+        a, b, c, d = perfect_split(sch, loops[i], ext_p[i],
                                     [t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
         s0.append(a); s1.append(b); s2.append(c); s3.append(d)
     for i in R:
-        a, b = perfect_split(sch, loops[i], fa.axes[i].extent, [t.l1[i]])
+        a, b = perfect_split(sch, loops[i], ext_p[i], [t.l1[i]])
         r0.append(a); r1.append(b)
     v = t.vector_axis
     s3_vec = None
@@ -145,8 +148,9 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     wb = sch.cache_write(main, 0, "local" if reg_acc else "global")
     # unit loops kept: the trace then replays under any re-tiling (MetaSchedule mutations)
     sch.reverse_compute_at(wb, s2[-1] if reg_acc else task, preserve_unit_loops=True)
-    for name in fa.consumers:
-        sch.reverse_compute_inline(sch.get_sblock(name))
+    if out_pad:
+        sch.reverse_compute_inline(sch.get_sblock(out_pad))
+    leftovers += _fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     wb_loops = sch.get_loops(wb)
     _vectorize_inner(sch, wb_loops[-1], lanes)
 
@@ -178,6 +182,58 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         if 1 < (extent(sch, inner) or 1) <= lanes:
             sch.vectorize(inner)
     return sch
+
+
+def _fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> List[str]:
+    """Fold the elementwise epilogue into the accumulator's write-back; return the blocks that
+    cannot be, left to stream on their own: one over a bigger iteration space than the main
+    block's output (squeeze-and-excitation's broadcast multiply) and what comes after it."""
+    main_shape = _write_shape(sch, write_back)
+
+    def same_space(name: str) -> bool:
+        return _write_shape(sch, name) == main_shape
+
+    # the stages are inlined forward into the last one first: an epilogue that is a DAG
+    # (SiLU: x * sigmoid(x) reads two of its stages) cannot be folded stage by stage
+    for name in reversed(names[:-1]):
+        blk = sch.get_sblock(name)
+        readers = [sch.get(c).name_hint for c in sch.get_consumers(blk)]
+        if same_space(name) and readers and all(same_space(r) for r in readers):
+            attempt(sch.compute_inline, blk)
+    left: List[str] = []
+    for name in names:
+        if name not in block_names(sch):
+            continue  # inlined forward above
+        if left or not same_space(name) or \
+                not attempt(sch.reverse_compute_inline, sch.get_sblock(name)):
+            left.append(name)
+    return left
+
+
+def _write_shape(sch: s_tir.Schedule, name: str) -> List[int]:
+    return [int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape]
+
+
+def _pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
+    """Pad the main block's spatial axes up to multiples of the register tile (``pad_einsum``)
+    when the tile does not divide them, so that no split needs a predicate. Returns the
+    (padded) extents, the output-cropping block's name (or None) and the input pad blocks.
+    A block ``pad_einsum`` refuses keeps its extents (predicated splits)."""
+    exts = [a.extent for a in fa.axes]
+    factors = [r if a.kind == "S" and a.extent % r else 1 for a, r in zip(fa.axes, t.reg)]
+    if all(f == 1 for f in factors):
+        return exts, None, []
+    before = set(block_names(sch))
+    main = sch.get_sblock(fa.main)
+    if not attempt(sch.pad_einsum, main, factors):
+        return exts, None, []
+    main = sch.get_sblock(fa.main)
+    new = set(block_names(sch)) - before
+    out_pad = next((sch.get(b).name_hint for b in sch.get_consumers(main)
+                    if sch.get(b).name_hint in new), None)
+    in_pads = [sch.get(b).name_hint for b in sch.get_producers(main)
+               if sch.get(b).name_hint in new]
+    return [-(-e // f) * f for e, f in zip(exts, factors)], out_pad, in_pads
 
 
 def _pack_operand(sch: s_tir.Schedule, main, name: str, at_loop, panel: int, lanes: int) -> None:
@@ -322,9 +378,31 @@ def _block_2d(sch: s_tir.Schedule, blk_rv, pair: tuple, lanes: int, cores: int) 
     sch.vectorize(inner[1])
 
 
+def _output_blocks(sch: s_tir.Schedule) -> List[str]:
+    params = {p.id_ for p in sch.mod["main"].params}
+    return [n for n in block_names(sch)
+            if any(w.source.id_ in params for w in sch.get(sch.get_sblock(n)).writes)]
+
+
+def _each_output_alone(sch: s_tir.Schedule, lanes: int, cores: int) -> s_tir.Schedule:
+    """An elementwise function with several outputs (a split into q, k, v): no output block can
+    move under another's loops, so the intermediates are inlined into every reader (copies and
+    reshapes cost nothing to recompute) and each output is streamed on its own."""
+    outputs = set(_output_blocks(sch))
+    for name in block_names(sch):
+        if name not in outputs:
+            attempt(sch.compute_inline, sch.get_sblock(name))
+    for name in block_names(sch):
+        _parallel_vectorize_block(sch, sch.get_sblock(name), lanes, cores)
+    return sch
+
+
 def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     lanes = t.vector_lanes
+    if len(_output_blocks(sch)) > 1 and not any(is_reduction(sch, sch.get_sblock(n))
+                                                for n in block_names(sch)):
+        return _each_output_alone(sch, lanes, cores)
     names = block_names(sch)
     out_name = names[-1]
     # inline injective stages that feed a single consumer (they are recomputed at no extra cost)

@@ -73,6 +73,8 @@ def aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
     starts = []
     for node in accesses:
         buf = node.buffer if isinstance(node, tirx.BufferStore) else node.source
+        if not node.indices:
+            continue  # a 0-d tensor (a gather's scalar index): one value for every lane
         idx = full.simplify(node.indices[-1])
         start = at_zero.simplify(node.indices[-1])
         step = full.simplify(idx - start)

@@ -1,0 +1,127 @@
+"""HuggingFace architectures (small configs, random weights, nothing downloaded) through
+``tvm_roller.relax.compile`` with the default settings (chain fusion on): each matches PyTorch
+and no PrimFunc hits a roller error; a failure injected into one function's scheduling is
+reported as an error and the model still compiles and matches."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+import tvm_roller
+import tvm_roller.relax as rr
+from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.compile_model import import_torch
+
+from conftest import rel_err
+
+pytest.importorskip("transformers")
+from tvm_roller.examples import hf_models  # noqa: E402  (needs transformers)
+
+TARGET = tvm_roller.hardware.normalize_target("llvm")
+
+
+def _compile_and_run(model, x, **kw):
+    mod = import_torch(model, x)
+    report, chains = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
+        ex = rr.compile(mod, TARGET, report, cache=False, chains=chains, **kw)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    with torch.no_grad():
+        ref = model.double()(x.double() if x.is_floating_point() else x).numpy()
+    model.float()
+    return out, ref, report
+
+
+@pytest.mark.parametrize("name", sorted(hf_models.MODELS))
+def test_hf_model_matches_pytorch(name):
+    model, x = hf_models.MODELS[name]("small")
+    out, ref, report = _compile_and_run(model, x)
+    assert rel_err(out, ref) <= 1e-4
+    errors = [e for e in report if e["fallback"] == "error"]
+    assert not errors, errors
+    # everything but what roller declines with a reason is scheduled by roller
+    assert sum(e["status"] == "roller" for e in report) >= 0.8 * len(report)
+    assert all(e["reason"] for e in report if e["status"] == "fallback")
+
+
+def test_hf_convolutions_converted_to_channels_last():
+    """The CPU pipeline runs PyTorch's NCHW / NCW convolutions as NHWC / NWC kernels."""
+    model, x = hf_models.MODELS["resnet"]("small")
+    with TARGET:
+        fused = rr.fusion_passes()(import_torch(model, x))
+    convs = [gv.name_hint for gv, f in fused.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv" in gv.name_hint]
+    assert convs and all("nhwc" in _block_names(fused[c]) for c in convs), convs
+    kept = rr.fusion_passes(conv_layouts={})(import_torch(model, x))
+    assert any("nchw" in _block_names(f) for _, f in kept.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _block_names(func) -> str:
+    names = []
+    post_order_visit(
+        func.body, lambda n: names.append(n.name_hint) if isinstance(n, tvm.s_tir.SBlock) else None)
+    return " ".join(names)
+
+
+def _inject(monkeypatch, when):
+    """Make roller's scheduling of the functions ``when(func)`` selects raise a plain error."""
+    real = rr._schedule_one
+    hit = []
+
+    def failing(func, *args):
+        if when(func):
+            hit.append(func)
+            raise RuntimeError("injected failure")
+        return real(func, *args)
+
+    monkeypatch.setattr(rr, "_schedule_one", failing)
+    return hit
+
+
+def _reductions(func) -> int:
+    count = []
+    post_order_visit(
+        func.body, lambda n: count.append(1) if isinstance(n, tvm.s_tir.SBlock) and any(
+            int(iv.iter_type) == 2 for iv in n.iter_vars) else None)
+    return len(count)
+
+
+def test_injected_failure_falls_back_and_is_reported(monkeypatch):
+    model, x = hf_models.MODELS["bert"]("small")
+    hit = _inject(monkeypatch, lambda f: _reductions(f) == 1 and len(f.params) == 3)
+    out, ref, report = _compile_and_run(model, x)
+    assert hit
+    assert rel_err(out, ref) <= 1e-4
+    errors = [e for e in report if e["fallback"] == "error"]
+    assert errors and all(e["status"] == "fallback" for e in errors)
+    assert all("RuntimeError: injected failure" in e["reason"] for e in errors)
+    assert any(e["status"] == "roller" for e in report)
+
+
+def test_failing_multi_operator_function_is_built_as_its_operators(monkeypatch):
+    """A function with two matmuls roller fails on as a whole (e.g. a chain group) is
+    un-grouped: its operators are scheduled one by one, not dropped to TVM's default."""
+    from conftest import chain_inputs, chain_reference
+    from tvm_roller.fusion.workloads import gemm_chain
+
+    func = gemm_chain([3], 37, 16, 29, 24, "softmax")
+    hit = _inject(monkeypatch, lambda f: _reductions(f) >= 3)
+    new, entry = rr.schedule_function("chain", func, TARGET, tvm_roller.hardware.from_target(
+        TARGET))
+    assert hit and new is not None
+    assert entry.status == "roller" and entry.kind == "operators"
+    assert entry.fallback == "error" and "injected failure" in entry.reason
+    lib = tvm.compile(tvm.IRModule({"main": new.with_attr("global_symbol", "main")}), TARGET)
+    a, b, d = chain_inputs([3], 37, 16, 29, 24)
+    out = tvm.runtime.empty((3, 37, 24), "float32", tvm.cpu())
+    lib["main"](*[tvm.runtime.tensor(v) for v in (a, b, d)], out)
+    assert rel_err(out.numpy(), chain_reference(a, b, d, "softmax")) <= 1e-5

@@ -1,0 +1,150 @@
+"""HuggingFace architectures built from their configs with random weights (nothing downloaded).
+
+Each factory takes ``size`` ("small": a few layers and small hidden sizes, for tests; "full": the
+real architecture's sizes) and returns ``(module, example_input)``: the module is in eval mode and
+wrapped so that it takes one tensor and returns one tensor (the last hidden state or the logits),
+which is what ``torch.export`` -> Relax -> ``tvm_roller.relax.compile`` handles end to end.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import torch
+from torch import nn
+
+
+class _LastHidden(nn.Module):
+    """``model(x).last_hidden_state`` (or ``.logits``): a single tensor out."""
+
+    def __init__(self, model: nn.Module, arg: str, extra: Dict[str, torch.Tensor] = None):
+        super().__init__()
+        self.model = model
+        self.arg = arg
+        self.extra = extra or {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(**{self.arg: x}, **self.extra)
+        if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
+            return out.last_hidden_state
+        return out.logits
+
+
+class _WithMask(nn.Module):
+    """Token ids in, with an attention mask (all ones but the last quarter of the tokens)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(ids)
+        mask[:, ids.shape[1] - ids.shape[1] // 4:] = 0
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def randomize_norm_statistics(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every batch norm random running statistics and affine parameters, as a trained
+    model has: freshly initialised ones (mean 0, variance 1, weight 1 or even 0) make the
+    normalisation an identity, or zero the output, and hide errors in how it is computed."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.running_var is not None:
+                c = mod.running_var.shape[0]
+                mod.running_mean.copy_(torch.rand(c, generator=gen) * 0.2 - 0.1)
+                mod.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+                if mod.affine:
+                    mod.weight.copy_(torch.rand(c, generator=gen) + 0.5)
+                    mod.bias.copy_(torch.rand(c, generator=gen) * 0.2 - 0.1)
+    return model
+
+
+def _eval(model: nn.Module) -> nn.Module:
+    randomize_norm_statistics(model)
+    model.eval()
+    return model
+
+
+def _tokens(vocab: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(0))
+
+
+def bert(size: str = "small", seq: int = 128, mask: bool = True):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig() if size == "full" else BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=1000, max_position_embeddings=256)
+    cfg._attn_implementation = "eager"
+    model = BertModel(cfg, add_pooling_layer=False)
+    wrapped = _WithMask(model) if mask else _LastHidden(model, "input_ids")
+    return _eval(wrapped), _tokens(cfg.vocab_size, seq)
+
+
+def gpt2(size: str = "small", seq: int = 128):
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    cfg = GPT2Config() if size == "full" else GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=256)
+    cfg._attn_implementation = "eager"
+    cfg.use_cache = False  # no key/value cache: its empty tensors do not export
+    return _eval(_LastHidden(GPT2Model(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
+
+
+def vit(size: str = "small"):
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    cfg = ViTConfig() if size == "full" else ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        image_size=64, patch_size=8)
+    cfg._attn_implementation = "eager"
+    model = ViTModel(cfg, add_pooling_layer=False)
+    x = torch.randn(1, 3, cfg.image_size, cfg.image_size)
+    return _eval(_LastHidden(model, "pixel_values")), x
+
+
+def resnet(size: str = "small"):
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig() if size == "full" else ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+        layer_type="bottleneck")
+    image = 224 if size == "full" else 64
+    return _eval(_LastHidden(ResNetModel(cfg), "pixel_values")), torch.randn(1, 3, image, image)
+
+
+def mobilenet_v2(size: str = "small"):
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    torch.manual_seed(0)
+    cfg = MobileNetV2Config() if size == "full" else MobileNetV2Config(
+        depth_multiplier=0.35, image_size=64)
+    image = 224 if size == "full" else 64
+    model = MobileNetV2Model(cfg, add_pooling_layer=False)
+    return _eval(_LastHidden(model, "pixel_values")), torch.randn(1, 3, image, image)
+
+
+def whisper_encoder(size: str = "small"):
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    cfg = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6,
+                        encoder_ffn_dim=1536, num_mel_bins=80, max_source_positions=1500) \
+        if size == "full" else WhisperConfig(
+            d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+            num_mel_bins=16, max_source_positions=50)
+    cfg._attn_implementation = "eager"
+    frames = 2 * cfg.max_source_positions
+    x = torch.randn(1, cfg.num_mel_bins, frames)
+    return _eval(_LastHidden(WhisperEncoder(cfg), "input_features")), x
+
+
+MODELS: Dict[str, Callable[..., Tuple[nn.Module, torch.Tensor]]] = {
+    "bert": bert, "gpt2": gpt2, "vit": vit, "resnet": resnet, "mobilenet_v2": mobilenet_v2,
+    "whisper_encoder": whisper_encoder,
+}

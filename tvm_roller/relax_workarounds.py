@@ -1,0 +1,54 @@
+"""Relax rewrites around TVM 0.27 code-generation defects, run before legalization so that
+neither roller's kernels nor TVM's default ones meet them.
+
+- A comparison of two bool tensors (``equal``, ``not_equal``, ``less``, ...; HuggingFace builds
+  attention masks this way) legalizes to a TIR ``==`` on ``bool`` values, which TVM's LLVM
+  backend emits as a floating-point compare of ``i1`` values: LLVM's verifier rejects the
+  module and the whole model fails to build. The operands are compared as int8 instead.
+- A cumulative sum or product of bool values (GPT-2's position ids from its mask) makes TIR
+  add ``bool`` values, which the LLVM backend refuses (``CreateAdd`` expects floats). It is
+  computed in int32 and converted back to bool (non-zero: True), the result's type unchanged.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+_SCANS = {"relax.cumsum", "relax.cumprod"}
+_COMPARISONS = {"relax.equal", "relax.not_equal", "relax.less", "relax.less_equal",
+                "relax.greater", "relax.greater_equal"}
+
+
+def _is_bool(expr) -> bool:
+    return str(getattr(expr.ty, "dtype", "")) == "bool"
+
+
+@relax.expr_functor.mutator
+class _BoolAsInt(relax.expr_functor.PyExprMutator):
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor name)
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _COMPARISONS and \
+                len(call.args) == 2 and all(_is_bool(a) for a in call.args):
+            args = [relax.op.astype(a, "int8") for a in call.args]
+            return relax.Call(call.op, args, call.attrs)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _SCANS and \
+                str(call.ty.dtype) == "bool":
+            make = relax.op.cumsum if call.op.name == "relax.cumsum" else relax.op.cumprod
+            scan = make(relax.op.astype(call.args[0], "int32"), axis=call.attrs.axis,
+                        dtype="int32", exclusive=call.attrs.exclusive)
+            return relax.op.astype(scan, "bool")
+        return call
+
+
+def workarounds_pass() -> tvm.transform.Pass:
+    """Every Relax function of the module with the rewrites above."""
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerTVMWorkarounds")
+    def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mutator = _BoolAsInt()
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = mutator.visit_expr(func)
+        return relax.transform.Normalize()(mod)
+
+    return _rewrite
