@@ -18,7 +18,6 @@ import time
 import numpy as np
 
 import tvm
-from tvm import relax
 
 import tvm_roller
 
@@ -59,35 +58,12 @@ SHAPES = [
 def conv_primfunc(dims, cin, size, cout, k, s, p, g, relu=True, seed=0, n=1):
     """The fused PrimFunc (pad + conv + bias add [+ relu]) of a channels-last convolution with
     constant weights, as Relax's pipeline produces it; also the weight and bias arrays."""
+    from tvm_roller.examples.fused_funcs import channels_last_conv
+
     rng = np.random.default_rng(seed)
     w = rng.uniform(-1, 1, size=(k,) * dims + (cin // g, cout)).astype("float32")
     b = rng.uniform(-1, 1, size=(cout,)).astype("float32")
-    bb = relax.BlockBuilder()
-    xshape = (n,) + (size,) * dims + (cin,)
-    x = relax.Var("x", relax.TensorType(xshape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            wc, bc = relax.const(w), relax.const(b)
-            if dims == 2:
-                y = bb.emit(relax.op.nn.conv2d(x, wc, strides=s, padding=p, groups=g,
-                                               data_layout="NHWC", kernel_layout="HWIO"))
-            else:
-                y = bb.emit(relax.op.nn.conv1d(x, wc, strides=s, padding=p, groups=g,
-                                               data_layout="NWC", kernel_layout="WIO"))
-            y = bb.emit(relax.op.add(y, bc))
-            if relu:
-                y = bb.emit(relax.op.nn.relu(y))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    mod = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])(
-            bb.get())
-    prims = [(gv.name_hint, f) for gv, f in mod.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc)]
-    fused = [f for name, f in prims if name.startswith("fused")] or [f for _, f in prims]
-    assert len(fused) == 1, [name for name, _ in prims]
-    return fused[0].with_attr("global_symbol", "main"), w, b
+    return channels_last_conv(dims, n, cin, size, cout, k, s, p, g, relu, weights=(w, b)), w, b
 
 
 def torch_fn(dims, cin, size, cout, k, s, p, g, w, b, n=1):

@@ -60,7 +60,7 @@ def _kernel_profile(vm, arg, calls: int = 5, top: int = 8) -> list:
     return [(name, t / calls * 1e3, t / total) for name, t in rows]
 
 
-def bench_one(name: str, size: str, inductor: bool) -> dict:
+def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) -> dict:
     import tvm_roller  # noqa: F401  (sets TVM's thread pool before torch starts its own)
     import numpy as np
     import torch
@@ -78,11 +78,12 @@ def bench_one(name: str, size: str, inductor: bool) -> dict:
     import_s = time.perf_counter() - t0
 
     report: list = []
+    layouts = {} if keep_layouts else None  # {}: the model's own (NCHW) convolution layouts
     t0 = time.perf_counter()
-    ex = tvm_roller.relax.compile(mod, target, report)
+    ex = tvm_roller.relax.compile(mod, target, report, conv_layouts=layouts)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tvm_roller.relax.compile(mod, target, [])
+    tvm_roller.relax.compile(mod, target, [], conv_layouts=layouts)
     warm_s = time.perf_counter() - t0
 
     dev = tvm.cpu()
@@ -150,13 +151,15 @@ def main() -> int:
     ap.add_argument("--models", default=DEFAULT_MODELS)
     ap.add_argument("--size", default="full", choices=["full", "small"])
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--keep-layouts", action="store_true",
+                    help="keep PyTorch's NCHW/NCW convolutions (no conversion to NHWC/NWC)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one model
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.one:
-        row = bench_one(args.one, args.size, not args.no_inductor)
+        row = bench_one(args.one, args.size, not args.no_inductor, args.keep_layouts)
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(row, fh)
         return 0
@@ -169,8 +172,7 @@ def main() -> int:
             env = dict(os.environ, TVM_ROLLER_CACHE=os.path.join(tmp, "cache"))
             out = os.path.join(tmp, "row.json")
             cmd = [sys.executable, __file__, "--one", name, "--size", args.size, "--out", out]
-            if args.no_inductor:
-                cmd.append("--no-inductor")
+            cmd += ["--no-inductor"] * args.no_inductor + ["--keep-layouts"] * args.keep_layouts
             proc = subprocess.run(cmd, env=env)
             if proc.returncode != 0:
                 print(f"{name}: failed (exit {proc.returncode})", file=sys.stderr)
@@ -178,7 +180,7 @@ def main() -> int:
             with open(out, encoding="utf-8") as fh:
                 rows.append(json.load(fh))
     print(f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "
-          f"size {args.size}\n")
+          f"size {args.size}" + (", model's conv layouts" if args.keep_layouts else "") + "\n")
     print(_table(rows))
     for r in rows:
         print(f"\n{r['model']}: slowest kernels (ms per call, share):")

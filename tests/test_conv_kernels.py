@@ -11,35 +11,13 @@ import tvm
 from tvm import relax
 
 import tvm_roller
+from tvm_roller.examples.fused_funcs import channels_last_conv
 from conftest import F32_TOL_LONG, TARGET, assert_close, conv_nlc, device, rand, run
 
 
 def _fused_conv(dims, n, cin, size, cout, k, s, p, g, relu=True, dtype="float32", d=1):
     """The fused PrimFunc of conv (NHWC/HWIO or NWC/WIO) + bias add (+ relu)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((n,) + (size,) * dims + (cin,), dtype))
-    w = relax.Var("w", relax.TensorType((k,) * dims + (cin // g, cout), dtype))
-    b = relax.Var("b", relax.TensorType((cout,), dtype))
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            if dims == 2:
-                y = bb.emit(relax.op.nn.conv2d(x, w, strides=s, padding=p, dilation=d, groups=g,
-                                               data_layout="NHWC", kernel_layout="HWIO"))
-            else:
-                y = bb.emit(relax.op.nn.conv1d(x, w, strides=s, padding=p, dilation=d, groups=g,
-                                               data_layout="NWC", kernel_layout="WIO"))
-            y = bb.emit(relax.op.add(y, b))
-            if relu:
-                y = bb.emit(relax.op.nn.relu(y))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    mod = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])(
-            bb.get())
-    prims = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert len(prims) == 1
-    return prims[0].with_attr("global_symbol", "main")
+    return channels_last_conv(dims, n, cin, size, cout, k, s, p, g, relu, dtype, d)
 
 
 def _check(dims, n, cin, size, cout, k, s, p, g, relu=True, dtype="float32", d=1):

@@ -7,26 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 import tvm_roller
+from tvm_roller.examples.fused_funcs import fused_prim_func
 from conftest import F32_TOL_LONG, TARGET, assert_close, conv_nlc, device, rand, run
-
-
-def _fused(build_body, inputs):
-    bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in inputs]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build_body(bb, *params))
-        bb.emit_func_output(out)
-    mod = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
-    prims = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert len(prims) == 1, [gv.name_hint for gv, _ in mod.functions_items()]
-    return prims[0].with_attr("global_symbol", "main")
 
 
 def _sigmoid(v):
@@ -41,7 +26,7 @@ def test_conv_silu_epilogue(size, cin, cout):
         y = bb.emit(relax.op.add(relax.op.multiply(y, s), b))
         return bb.emit(relax.op.multiply(y, relax.op.sigmoid(y)))
 
-    func = _fused(body, [("x", (1, size, size, cin)), ("w", (3, 3, cin, cout)),
+    func = fused_prim_func(body, [("x", (1, size, size, cin)), ("w", (3, 3, cin, cout)),
                          ("s", (cout,)), ("b", (cout,))])
     x, w = rand((1, size, size, cin), seed=1), rand((3, 3, cin, cout), seed=2)
     s, b = rand((cout,), seed=3), rand((cout,), seed=4)
@@ -59,7 +44,7 @@ def test_squeeze_excitation_gate_broadcasts_over_the_feature_map():
         g = bb.emit(relax.op.sigmoid(relax.op.add(g, b)))
         return bb.emit(relax.op.multiply(fmap, g))
 
-    func = _fused(body, [("pooled", (1, 1, 1, r)), ("w", (1, 1, r, c)), ("b", (c,)),
+    func = fused_prim_func(body, [("pooled", (1, 1, 1, r)), ("w", (1, 1, r, c)), ("b", (c,)),
                          ("fmap", (1, hw, hw, c))])
     pooled, w = rand((1, 1, 1, r), seed=1), rand((1, 1, r, c), seed=2)
     b, fmap = rand((c,), seed=3), rand((1, hw, hw, c), seed=4)
