@@ -3,10 +3,13 @@
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_roller.relax.get_pipeline(target, report))
 
 The pipeline is TVM's default one for the target (library dispatch, legalization, fusion, dataflow
-lowering, finalization) with one pass added after fusion: roller plans and schedules each fused
-PrimFunc; a function roller declines (a gather, a symbolic shape, ...) keeps TVM's default
-treatment and is reported with the reason. On a CUDA target TVM's default treatment is its
-dlight rules (an unscheduled kernel cannot run on a GPU), which then see only what roller left.
+lowering, finalization) with passes added before legalization (rewrites around TVM defects,
+inference simplifications, convolution layouts: :mod:`relax_workarounds`, :mod:`relax_inference`,
+:data:`CONV_LAYOUTS`) and one after fusion: roller plans, schedules and builds each fused PrimFunc
+alone. A function roller declines (a symbolic shape, ...) or fails on (a defect: reported as an
+error) keeps TVM's default treatment, so one function never fails the model's compile. On a
+CUDA target TVM's default treatment is its dlight rules (an unscheduled kernel cannot run on a
+GPU), which then see only what roller left.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from tvm import relax, s_tir, tirx
 
 from .errors import FallbackWarning, UnsupportedError
 from .hardware import DeviceModel
+from .relax_inference import inference_pass
+from .relax_workarounds import workarounds_pass
 
 logger = logging.getLogger("tvm_roller")
 
@@ -114,9 +119,6 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
-    from .relax_inference import inference_pass
-    from .relax_workarounds import workarounds_pass
-
     return tvm.transform.Sequential([workarounds_pass(), inference_pass(),
                                      conv_layout_pass(conv_layouts)] + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
@@ -233,8 +235,6 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
     convolutions are converted to (None: the backend's :data:`CONV_LAYOUTS`; ``{}``: keep the
     model's)."""
     from .api import resolve_target
-
-    from .relax_workarounds import workarounds_pass
 
     tgt, _, _ = resolve_target(target, device)
     roller = schedule_pass(tgt, report, device, cache, progress)
@@ -409,13 +409,8 @@ def _checked(func: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
     """``func`` marked scheduled, once TVM has built it alone: a schedule TVM cannot lower or
     compile fails here, for this function alone, not later in the whole model's build."""
     func = func.with_attr("tirx.is_scheduled", True)
-    t0 = time.perf_counter()
     tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tgt)
-    _CHECK_TIME[0] += time.perf_counter() - t0
     return func
-
-
-_CHECK_TIME = [0.0]
 
 
 def _first_lines(err: BaseException, limit: int = 300) -> str:
