@@ -373,12 +373,14 @@ def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str)
     if len(groups) < 2:
         return None, whole
     parts: List[Tuple[str, str]] = []  # (fallback kind, reason) of each part left to TVM
+    scheduled = []
 
     def one(part: tirx.PrimFunc) -> s_tir.Schedule:
         new, entry = schedule_function(f"{name}/part", part, tgt, dev, sched_cache)
         if new is None:
             parts.append((entry.fallback, entry.reason))
             return s_tir.Schedule(_default_schedule(part, tgt))
+        scheduled.append(part)
         return s_tir.Schedule(new)
 
     try:
@@ -386,6 +388,8 @@ def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str)
         new = _checked(sch.mod["main"], tgt)
     except Exception as err:  # noqa: BLE001  (the whole function's reason is reported)
         whole.reason += f"; as its operators: {type(err).__name__}: {_first_lines(err)}"
+        return None, whole
+    if not scheduled:  # every operator left to TVM's default: so is the whole function
         return None, whole
     worst = "error" if fallback == "error" or any(k == "error" for k, _ in parts) else \
         ("decline" if parts else "")

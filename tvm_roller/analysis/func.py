@@ -148,10 +148,6 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
     checker.visit(func.body)
     if checker.error:
         raise UnsupportedError(checker.error)
-    # a gather (embedding lookup, take) is a memory-bound copy: streamed like any elementwise
-    # function; one inside a reduction or a tiled kernel has no access pattern to tile by
-    if checker.gather and _has_reduction(func):
-        raise UnsupportedError(checker.gather + " inside a reduction")
 
     for p in func.params:
         if not _is_buffer(p):
@@ -194,6 +190,10 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
                                [w.source.name for w in blk.writes], is_red, not is_red))
     if not infos:
         raise UnsupportedError("the function has no blocks under its root")
+    # a gather (embedding lookup, take) is a memory-bound copy: streamed like any elementwise
+    # function; one inside a reduction or a tiled kernel has no access pattern to tile by
+    if checker.gather and any(b.is_reduction for b in infos):
+        raise UnsupportedError(checker.gather + " inside a reduction")
     nested = [b.name for b in infos if _has_nested_block(stmts[b.name])]
     if nested:
         raise UnsupportedError(f"nested blocks are not supported: {nested}")
@@ -258,13 +258,6 @@ def unwrap_func(func) -> tirx.PrimFunc:
     if not isinstance(func, tirx.PrimFunc):
         raise UnsupportedError(f"expected a PrimFunc or IRModule, got {type(func).__name__}")
     return func
-
-
-def _has_reduction(func: tirx.PrimFunc) -> bool:
-    found = []
-    post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, s_tir.stmt.SBlock)
-                     and any(int(iv.iter_type) == _REDUCE for iv in n.iter_vars) else None)
-    return bool(found)
 
 
 def _has_root_block(func: tirx.PrimFunc) -> bool:

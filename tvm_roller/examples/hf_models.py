@@ -16,14 +16,13 @@ from torch import nn
 class _LastHidden(nn.Module):
     """``model(x).last_hidden_state`` (or ``.logits``): a single tensor out."""
 
-    def __init__(self, model: nn.Module, arg: str, extra: Dict[str, torch.Tensor] = None):
+    def __init__(self, model: nn.Module, arg: str):
         super().__init__()
         self.model = model
         self.arg = arg
-        self.extra = extra or {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.model(**{self.arg: x}, **self.extra)
+        out = self.model(**{self.arg: x})
         if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
             return out.last_hidden_state
         return out.logits

@@ -158,7 +158,7 @@ def reduction_groups(func: tirx.PrimFunc) -> List[List[str]]:
     """A function's blocks as the operators FuseOps would have made of them: each reduction
     with the elementwise blocks before it (its prologue: padding, reshapes) and after it (its
     epilogue) until the next reduction; trailing elementwise blocks join the last one."""
-    root, owner, blocks = _blocks(unwrap_func(func))
+    _, owner, blocks = _blocks(unwrap_func(func))
     groups: List[List[str]] = [[]]
     has_reduction = False
     for name in owner:
@@ -176,13 +176,6 @@ def build_unfused(func: tirx.PrimFunc, chain: GemmChain,
     plan and lowering for a single operator): a Schedule of the stitched function."""
     return build_groups(func, operator_groups(chain, _blocks(unwrap_func(func))[2]),
                         schedule_one)
-
-
-def build_operators(func: tirx.PrimFunc,
-                    schedule_one: Callable[[tirx.PrimFunc], s_tir.Schedule]) -> s_tir.Schedule:
-    """A function holding several operators that is no chain roller fuses (e.g. a Relax group
-    whose matmuls do not chain row by row) as those operators one by one."""
-    return build_groups(func, reduction_groups(func), schedule_one)
 
 
 def build_groups(func: tirx.PrimFunc, groups: List[List[str]],
