@@ -24,20 +24,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHAINS = [  # name, batch, m, k, l, n, middle
-    ("attention 12x512 (no softmax)", [12], 512, 64, 512, 64, "none"),
-    ("attention 12x512 softmax", [12], 512, 64, 512, 64, "softmax"),
-    ("attention 12x128 softmax", [12], 128, 64, 128, 64, "softmax"),
-    ("MLP 128x768->3072->768 GELU", None, 128, 768, 3072, 768, "gelu"),
-    ("MLP 128x768->3072->768 ReLU", None, 128, 768, 3072, 768, "relu"),
-]
-CONV_CHAINS = [  # name, (n, h, w, c_in, c_mid, c_out): 3x3 conv, ReLU, 1x1 conv, NHWC
-    ("conv 3x3 -> 1x1, 1x56x56x64 -> 64 -> 64", (1, 56, 56, 64, 64, 64)),
-    ("conv 3x3 -> 1x1, 4x56x56x64 -> 64 -> 256", (4, 56, 56, 64, 64, 256)),
-    ("conv 3x3 -> 1x1, 1x112x112x32 -> 64 -> 32", (1, 112, 112, 32, 64, 32)),
-]
-
-
 def _median_time(fn, min_s: float = 0.5, repeats: int = 5) -> float:
     fn()
     times = []
@@ -86,6 +72,7 @@ def main() -> int:
     import tvm
 
     import tvm_roller
+    from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS
     from tvm_roller.hardware import normalize_target
 
     target = normalize_target("llvm")
@@ -104,12 +91,10 @@ def main() -> int:
         out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
 
         # fused (forced, whatever the model decided) and what build() does
-        from tvm_roller.fusion import lower_cpu
-        from tvm_roller.fusion.planner import rows_per_task
-
-        rws = rows_per_task(p.chain, p.fusion, p.device)
+        from tvm_roller.backends.cpu import chain_lower
+        rws = p.fusion.rows  # the row block of a fused task, as build() uses it
         lanes = p.device.simd_lanes("float32")
-        fused = tvm.compile(lower_cpu.apply_fused(chain_func, p.chain, rws, lanes).mod,
+        fused = tvm.compile(chain_lower.apply_fused(chain_func, p.chain, rws, lanes).mod,
                             target=target)
         t_fused = _median_time(lambda: fused(ta, tb, td, out))
         err = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
@@ -132,12 +117,12 @@ def main() -> int:
         with torch.no_grad():
             t_torch = _median_time(torch_chain)
         t_numpy = _median_time(numpy_chain) if numpy_chain else float("nan")
-        plan = p.fusion
+        plan = p.fusion.model  # the movement model's figures
         c = p.chain
         flops = 2.0 * math.prod(c.batch or [1]) * c.m * c.l * (c.k + c.n)
         peak = p.device.peak_gflops["float32"] * 1e9  # calibrated on this machine
         row = {"chain": name, "intermediate_mib": p.chain.intermediate_bytes / 2**20,
-               "decision": "fused" if plan.fuse else "unfused", "rows_per_task": rws,
+               "decision": "fused" if p.fusion.fuse else "unfused", "rows_per_task": rws,
                "fused_ms": t_fused * 1e3, "unfused_roller_ms": t_unfused * 1e3,
                "build_ms": t_built * 1e3,
                "torch_ms": t_torch * 1e3, "numpy_ms": t_numpy * 1e3, "max_rel_err": err,

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 AVX2_TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
 L1 = "32768,8,64"
@@ -85,10 +84,9 @@ def _kernels(workdir: str):
     import tvm
 
     import tvm_roller
-    from bench_fusion import CHAINS, CONV_CHAINS
-    from tvm_roller.fusion import lower_cpu, split
-    from tvm_roller.fusion.planner import rows_per_task
-    from tvm_roller.fusion.workloads import conv_chain, gemm_chain
+    from tvm_roller.backends.cpu import chain_lower
+    from tvm_roller.fusion import split
+    from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS, conv_chain, gemm_chain
     from tvm_roller.hardware import normalize_target
 
     # planned and scheduled for this machine (its device model), compiled for AVX2
@@ -100,7 +98,7 @@ def _kernels(workdir: str):
     for i, (name, func) in enumerate(funcs):
         p = tvm_roller.plan(func, target)
         lanes = p.device.simd_lanes("float32")
-        fused = lower_cpu.apply_fused(func, p.chain, rows_per_task(p.chain, p.fusion, p.device),
+        fused = chain_lower.apply_fused(func, p.chain, p.fusion.rows,
                                       lanes)
         unfused = split.build_unfused(func, p.chain,
                                       lambda part: tvm_roller.schedule(part, target))
@@ -110,7 +108,8 @@ def _kernels(workdir: str):
             tvm.compile(sch.mod, target=avx2).export_library(path)
             paths.append(path)
         rows.append((name, paths[0], paths[1], _shapes(func), p.fusion.fuse,
-                     p.fusion.least_total_fused / 2**20, p.fusion.least_total_unfused / 2**20))
+                     p.fusion.model.least_total_fused / 2**20,
+                     p.fusion.model.least_total_unfused / 2**20))
     return rows
 
 

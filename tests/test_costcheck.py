@@ -16,7 +16,7 @@ from tvm_roller.api import apply
 from tvm_roller.costcheck.dataset import Candidate
 from tvm_roller.costcheck.report import build_report
 from tvm_roller.costcheck.sample import random_tiles
-from tvm_roller.perf_model import accumulator_registers, input_bytes, output_bytes
+from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, output_bytes
 from conftest import TARGET, assert_close, device, rand, run
 
 

@@ -5,15 +5,17 @@ lent device (python/gpu_check.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 
 import pytest
 import tvm
 from tvm import te
 
+from tvm_roller.backends.registry import device_model
 import tvm_roller
 from tvm_roller import hardware
-from tvm_roller.errors import FallbackWarning, UnsupportedError
+from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.hardware import gpu
 from tvm_roller.suite import workloads as W
 
@@ -28,8 +30,8 @@ SM80 = cuda_target("sm_80")
 def test_gpu_presets_complete(name):
     d = hardware.preset(name)
     assert d.kind == "gpu" and d.num_units >= 80
-    for key in gpu.GPU_LIMIT_KEYS:
-        assert key in d.extra, key
+    assert d.cpu is None and isinstance(d.gpu, hardware.GpuTraits)
+    assert gpu.GPU_LIMIT_KEYS == tuple(f.name for f in dataclasses.fields(d.gpu))
     assert d.peak_gflops["float16_tc"] > d.peak_gflops["float32"] > 0
     assert [l.name for l in d.levels] == ["SMEM", "L2", "DRAM"]
     assert gpu.smem_limit(d) > gpu.smem_limit(d, dynamic=False) == 48 * 1024
@@ -47,16 +49,16 @@ def test_compute_capability_is_numeric():
 
 
 def test_device_from_targets():
-    h = hardware.from_target(tvm.target.Target("nvidia/nvidia-h100"))  # the tag says sm_90a
-    assert h.name.startswith("NVIDIA H100") and h.extra["cc_major"] == 9
-    assert hardware.from_target(SM90).extra["cc_major"] == 9
-    a = hardware.from_target(SM80)
+    h = device_model(tvm.target.Target("nvidia/nvidia-h100"))  # the tag says sm_90a
+    assert h.name.startswith("NVIDIA H100") and h.gpu.cc_major == 9
+    assert device_model(SM90).gpu.cc_major == 9
+    a = device_model(SM80)
     assert a.name.startswith("NVIDIA A100") and a.num_units == 108
-    assert hardware.from_target({"kind": "cuda", "arch": "sm_90"}).num_units == 132
+    assert device_model({"kind": "cuda", "arch": "sm_90"}).num_units == 132
     with pytest.raises(UnsupportedError, match="compute capability 8.6"):
-        hardware.from_target({"kind": "cuda", "arch": "sm_86"})
+        device_model({"kind": "cuda", "arch": "sm_86"})
     with pytest.raises(UnsupportedError, match="compute capability"):
-        hardware.from_target("nvidia/geforce-rtx-3080")
+        device_model("nvidia/geforce-rtx-3080")
 
 
 def test_device_argument_checked_against_target():

@@ -1,5 +1,5 @@
 """Numerics of roller's CUDA schedules without a GPU: each schedule's CPU replica (the same loop
-nest and index arithmetic, thread loops run one after another; ``lower.cuda_replica``) is built
+nest and index arithmetic, thread loops run one after another; ``cuda_check.replica``) is built
 with LLVM, run on random data and compared with a float64 reference.
 
 Shapes are small, odd, prime or size-1 so the replicas run in moments; every class of the suite
@@ -14,7 +14,7 @@ from tvm import te
 from tvm.s_tir.meta_schedule.testing import te_workload as tw
 
 import tvm_roller
-from tvm_roller.lower.cuda_replica import cpu_replica
+from tvm_roller.cuda_check.replica import cpu_replica
 
 from conftest import assert_close, cuda_target, rand, run
 
@@ -65,7 +65,7 @@ def test_gemm_big_register_tiles():
     """Candidates with the largest register tiles (8x8 per thread), not just the top-ranked."""
     import math
 
-    from tvm_roller import policy_gpu
+    from tvm_roller.backends.cuda import policy as policy_gpu
 
     tensors = tw.matmul(128, 192, 64)
     func = te.create_prim_func(list(tensors))

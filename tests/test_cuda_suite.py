@@ -16,7 +16,7 @@ import pytest
 
 import tvm_roller
 from tvm_roller import hardware
-from tvm_roller.lower import cuda_build
+from tvm_roller.cuda_check import build as cuda_build
 from tvm_roller.suite import gpu_workloads
 from tvm_roller.suite import workloads as W
 

@@ -1,4 +1,4 @@
-"""Tensor-core lowering of fp16 matmuls (``lower.cuda_tensorcore``), checked without a GPU.
+"""Tensor-core lowering of fp16 matmuls (``backends.cuda.tensorcore``), checked without a GPU.
 
 * fast (~20 s): workloads, GEMM structure, refused tiles, shared memory accounting against the
   lowered kernel, ``verify_gpu_code``, trace replay, and the generated CUDA of nine variants
@@ -25,15 +25,17 @@ import tvm
 from tvm import te
 
 from tvm_roller import hardware
-from tvm_roller.analysis import analyze
-from tvm_roller.errors import UnsupportedError
+from tvm_roller.backends.registry import backend_for
+from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import gpu
-from tvm_roller.lower import cuda_tensorcore as tc
-from tvm_roller.rtile import RTile
+from tvm_roller.backends.cuda import tensorcore as tc
+from tvm_roller.core.rtile import RTile
 from tvm_roller.suite import gpu_workloads as gw
 
 from conftest import CUDA_TARGETS
 from cuda_emulator import NVCC, emulate, needs_emulator
+
+CUDA = backend_for("cuda")
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
@@ -131,7 +133,7 @@ def _reference(name, arrays):
 def test_fp16_workloads():
     assert set(gw.FP16_GEMMS) == {"HGEMM:4096", "HGEMM:1024", "HGEMM:128x3072x768"}
     for name, (M, N, K) in gw.FP16_GEMMS.items():
-        fa = analyze(gw.create(name), backend="cuda")
+        fa = CUDA.analyze(gw.create(name))
         assert fa.main == "matmul" and fa.consumers == ["C"]
         assert [(a.extent, a.kind) for a in fa.axes] == [(M, "S"), (N, "S"), (K, "R")]
     func = gw.create("BHGEMM:3x64x32x16")
@@ -149,7 +151,7 @@ def test_fp16_workloads():
     (lambda: gemm_tn_f32(64, 64, 64), ([], True, False)),
 ])
 def test_gemm_structure(func, expect):
-    g = tc.gemm_structure(analyze(func(), backend="cuda"))
+    g = tc.gemm_structure(CUDA.analyze(func()))
     assert (g.batch, g.trans_a, g.trans_b) == expect
 
 
@@ -181,7 +183,7 @@ H100 = hardware.preset("h100")
 ])
 def test_refused(case, func, l1, reg, kw, match):
     f = func()
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     tile = make_tile(fa, l1, reg)
     for k, v in kw.items():
         setattr(tile, k, v)
@@ -195,14 +197,14 @@ def test_not_a_matmul_refused():
     X = te.placeholder((64, 64), "float16", name="X")
     k = te.reduce_axis((0, 64), name="k")
     S = te.compute((64,), lambda i: te.sum(X[i, k].astype("float32"), axis=k), name="S")
-    fa = analyze(te.create_prim_func([X, S]), backend="cuda")
+    fa = CUDA.analyze(te.create_prim_func([X, S]))
     with pytest.raises(UnsupportedError, match="tensor cores"):
         tc.gemm_structure(fa)
 
 
 def test_validate_tile_device_limits():
     f = gw.fp16_gemm(4096, 4096, 4096)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     ok = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=3, shape=tc.MMA)
     tc.validate_tile(fa, ok, H100)
     tc.validate_tile(fa, ok, hardware.preset("a100"))
@@ -223,7 +225,7 @@ def test_validate_tile_device_limits():
 
 
 def test_smem_bytes_formula():
-    fa = analyze(gw.fp16_gemm(4096, 4096, 4096), backend="cuda")
+    fa = CUDA.analyze(gw.fp16_gemm(4096, 4096, 4096))
     t = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=2)
     ab = 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2
     assert tc.smem_bytes(fa, t) == max(ab, 128 * (128 + 4) * 4) == 67584
@@ -237,7 +239,7 @@ def test_smem_bytes_matches_lowered_kernel(shape, stages):
     from tvm.s_tir.analysis import calculate_allocated_bytes, verify_gpu_code
 
     f = gw.fp16_gemm(512, 512, 256)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     tile = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=stages, shape=shape)
     sch = tc.apply_tensorcore(f, fa, tile)
     kern = tc.lower_device_kernel(sch.mod, tile, target("sm_90"))
@@ -250,7 +252,7 @@ def test_smem_bytes_matches_lowered_kernel(shape, stages):
 
 def test_trace_replays():
     f = gemm_nt_bias_relu(256, 256, 128)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     for shape in (tc.WMMA, tc.MMA):
         sch = tc.apply_tensorcore(f, fa, make_tile(fa, [128, 128, 32], [64, 64, 16], shape=shape))
         fresh = tvm.s_tir.Schedule(f)
@@ -310,7 +312,7 @@ def test_emulated_numerics(name, tmp_path):
     from tvm_roller.analysis import unwrap_func
 
     kind, f, l1, reg, stages, flavour = _emu_case(name)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     tile = make_tile(fa, l1, reg, stages=stages, shape=flavour)
     sch = tc.apply_tensorcore(f, fa, tile)
     src = tc.build(sch.mod, tile, target("sm_80")).mod.imports[0].inspect_source()
@@ -379,7 +381,7 @@ def test_nvcc_fp16_gemm(name, flavour, tmp_path):
     from tvm.s_tir.analysis import calculate_allocated_bytes, verify_gpu_code
 
     f = gw.create(name)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     l1, reg, stages = NVCC_TILES[name]
     tile = make_tile(fa, l1, reg, stages=stages, shape=flavour)
     for arch, preset in (("sm_90", "h100"), ("sm_80", "a100")):
@@ -411,7 +413,7 @@ def test_emulator_catches_broken_kernels(tmp_path):
     an ldmatrix without its transpose each give wrong results (or an emulator failure)."""
     M, N, K = 128, 128, 128
     f = gw.fp16_gemm(M, N, K)
-    fa = analyze(f, backend="cuda")
+    fa = CUDA.analyze(f)
     tile = make_tile(fa, [64, 64, 32], [32, 32, 16], stages=2, shape=tc.MMA)
     src = tc.build(tc.apply_tensorcore(f, fa, tile).mod, tile,
                    target("sm_80")).mod.imports[0].inspect_source()

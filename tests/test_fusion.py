@@ -6,7 +6,8 @@ import pytest
 import tvm
 
 import tvm_roller
-from tvm_roller.fusion import lower_cpu, split
+from tvm_roller.backends.cpu import chain_lower
+from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.fusion.workloads import gemm_chain
 from tvm_roller.suite import workloads as W
@@ -25,7 +26,7 @@ def test_fused_and_unfused_match_numpy(batch, m, k, l, n, middle):  # noqa: E741
     tgt = tvm_roller.hardware.normalize_target(TARGET)
     out_shape = tuple(batch or ()) + (m, n)
     divisors = [d for d in (1, 2, 3, 4, 8, 16, m) if m % d == 0]
-    for apply in (lower_cpu.apply_fused, lower_cpu.apply_unfused):
+    for apply in (chain_lower.apply_fused, chain_lower.apply_unfused):
         for rows in sorted({divisors[0], divisors[-1], divisors[len(divisors) // 2]}):
             lib = tvm.compile(apply(func, chain, rows, 16).mod, target=tgt)
             assert_close(run(lib, arrays, out_shape, "float32"), ref,
@@ -123,7 +124,7 @@ def test_conv_chain_fused_and_unfused(shape):
     w2 = rand((1, 1, cm, co), seed=3)
     ref = conv_chain_reference(x, w1, w2)
     tgt = tvm_roller.hardware.normalize_target(TARGET)
-    for apply in (lower_cpu.apply_fused, lower_cpu.apply_unfused):
+    for apply in (chain_lower.apply_fused, chain_lower.apply_unfused):
         for rows in sorted({1, w}):
             lib = tvm.compile(apply(func, chain, rows, 16).mod, target=tgt)
             assert_close(run(lib, [x, w1, w2], (n, h, w, co), "float32"), ref, 2e-5)
@@ -172,7 +173,7 @@ def test_relax_projection_into_scores_is_no_chain():
     from tvm import relax
 
     from tvm_roller.compile_model import import_torch
-    from tvm_roller.fusion.relax_pass import find_chains
+    from tvm_roller.relax_passes.chains import find_chains
 
     class Scores(torch.nn.Module):
         def __init__(self):

@@ -1,7 +1,7 @@
-"""The fused CUDA kernel of GEMM chains (``fusion.lower_cuda``), checked without a GPU.
+"""The fused CUDA kernel of GEMM chains (``backends.cuda.chain``), checked without a GPU.
 
 * numerics: the schedule's CPU replica (thread loops serial, shared/local buffers global;
-  ``lower.cuda_replica``) built with LLVM against float64 numpy, for odd, prime, size-1,
+  ``cuda_check.replica``) built with LLVM against float64 numpy, for odd, prime, size-1,
   two-batch-axis, MLP-like and attention-like chains, at the planned row block and others;
 * the kernel: TVM lowers it, ``verify_gpu_code`` accepts it within the H100/A100 presets and
   nvcc (sm_90, sm_80) compiles it without spills, for BERT-base attention (12 heads, 512
@@ -24,14 +24,14 @@ import tvm
 
 import tvm_roller
 from tvm_roller import hardware
-from tvm_roller.errors import UnsupportedError
+from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.fusion.chain import detect_chain
-from tvm_roller.fusion.lower_cuda import CudaChainPlan, apply_fused_cuda, plan_cuda_chain
+from tvm_roller.backends.cuda.chain import CudaChainPlan, apply_fused_cuda, plan_cuda_chain
 from tvm_roller.fusion import split
 from tvm_roller.fusion.workloads import conv_chain, gemm_chain
 from tvm_roller.hardware import gpu
-from tvm_roller.lower.cuda_build import check
-from tvm_roller.lower.cuda_replica import cpu_replica
+from tvm_roller.cuda_check.build import check
+from tvm_roller.cuda_check.replica import cpu_replica
 
 from conftest import (CHAIN_CASES, assert_close, chain_inputs, chain_reference,
                       conv_chain_reference, cuda_target, rand, run)
@@ -197,7 +197,7 @@ def test_plan_is_plain_data():
 def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # noqa: E741
     """The CUDA source nvcc compiles, run with real barriers and warp shuffles: catches what the
     replica cannot (a missing barrier, a thread making only its own part of a shared tile)."""
-    from tvm_roller.lower.cuda_build import kernel_launches
+    from tvm_roller.cuda_check.build import kernel_launches
 
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)

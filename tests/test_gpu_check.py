@@ -1,11 +1,11 @@
-"""python/gpu_check.py without a GPU: the CuPy launcher against a fake CuPy (kernel names, grids,
-blocks, dynamic shared memory, argument order, loading fallbacks), the PyTorch ops against the
-suite's float64 references on the CPU (and the GEMM chains' against numpy's), the results
-tables, and the ``build`` half on a few workloads and two small GEMM chains, one fused and one
-not (size, contents, and that the ``run`` half reads it without TVM)."""
+"""tvm_roller.cuda_check.gpu_check (behind python/gpu_check.py) without a GPU: the CuPy
+launcher against a fake CuPy (kernel names, grids, blocks, dynamic shared memory, argument
+order, loading fallbacks), the PyTorch ops against the suite's float64 references on the CPU
+(and the GEMM chains' against numpy's), the results tables, and the ``build`` half on a few
+workloads and two small GEMM chains, one fused and one not (size, contents, and that the
+``run`` half reads it without TVM, also through the python/gpu_check.py command line)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -17,20 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tvm_roller.cuda_check import gpu_check as g
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "python" / "gpu_check.py"
+SCRIPT = ROOT / "python" / "gpu_check.py"  # the command line (run as a program only)
 HAVE_NVCC = bool(os.environ.get("TVM_ROLLER_NVCC") or shutil.which("nvcc")
                  or os.path.isfile("/usr/local/cuda/bin/nvcc"))
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-g = _load_script()
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +105,7 @@ class Buf:
 def softmax_bundle():
     """SFM:0 with each block its own kernel: 4 launches, two workspaces (see test_cuda_build)."""
     tvm = pytest.importorskip("tvm")
-    from tvm_roller.lower import cuda_build as cb
+    from tvm_roller.cuda_check import build as cb
     from tvm_roller.suite import workloads
 
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": workloads.create("SFM", 0)}))
@@ -479,7 +471,6 @@ def test_build_again_replaces_old_bundles(built, tmp_path):
 
 def test_workload_selection():
     pytest.importorskip("tvm")
-    g._repo_on_path()
     specs = g._workload_specs(None)
     assert len(specs) == 52 + 3 + len(g.CHAINS)
     assert specs[52:] == ([(n, "hgemm", None) for n in g.HGEMMS]
@@ -509,10 +500,9 @@ def test_run_half_needs_no_tvm(built):
     code = FAKE_CUPY + f'''
 import importlib.util, json, sys
 sys.modules["tvm"] = None
-sys.modules["tvm_roller"] = None
-spec = importlib.util.spec_from_file_location("gpu_check", {str(SCRIPT)!r})
-g = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(g)
+# as python/gpu_check.py does for "run": the tvm_roller package without its __init__ (TVM)
+sys.modules["tvm_roller"] = importlib.util.module_from_spec(importlib.util.find_spec("tvm_roller"))
+from tvm_roller.cuda_check import gpu_check as g
 import torch
 d = {str(out)!r}
 m = g.load_manifest(g.Path(d))
@@ -529,11 +519,38 @@ for w in g.select(m["workloads"], "GMM,SFM:0,CHAIN"):
             g.Launcher(b, cp)([object() for _ in b["params"]])
             n += len(cp.calls)
 assert "tvm" not in [k for k, v in sys.modules.items() if v is not None]
+assert not [k for k in sys.modules if k.startswith("tvm_roller.")
+            and not k.startswith("tvm_roller.cuda_check")], "tvm_roller modules imported"
+assert "tvm_roller.cuda_check.build" not in sys.modules
 print("launches", n)
 '''
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r"launches [1-9]", res.stdout)
+
+
+def test_command_line_runs_without_tvm(tmp_path):
+    """``python python/gpu_check.py run`` as on the GPU machine: with an unimportable tvm (and a
+    stand-in cupy) it reaches the manifest; ``--help`` needs no TVM either."""
+    pytest.importorskip("torch")
+    mods = tmp_path / "mods"
+    (mods / "tvm").mkdir(parents=True)
+    (mods / "tvm" / "__init__.py").write_text('raise ImportError("no TVM on the GPU machine")\n')
+    (mods / "cupy.py").write_text('__version__ = "fake"\n')
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / g.MANIFEST).write_text(json.dumps({"format": g.FORMAT + 1}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(mods)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cli = lambda *args: subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                                       text=True, timeout=120, env=env, cwd=tmp_path)
+    res = cli("run", str(bundles), "--no-micro")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert f"is format {g.FORMAT + 1}, expected {g.FORMAT}" in res.stderr, res.stderr[-3000:]
+    res = cli("--help")
+    assert res.returncode == 0 and "{build,run}" in res.stdout, res.stderr[-3000:]
+    assert g.__doc__.splitlines()[0][:40] in " ".join(res.stdout.split())
 
 
 def test_load_all_compiles_every_bundle_ahead(built):

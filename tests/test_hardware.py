@@ -1,6 +1,7 @@
 """Tests of tvm_roller.hardware: presets, target completion, models from targets, the cache."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -8,9 +9,12 @@ from pathlib import Path
 import pytest
 import tvm
 
-from tvm_roller.errors import UnsupportedError
-from tvm_roller.hardware import (DeviceModel, MemoryLevel, cache_dir, calibrate, from_target,
-                                 list_presets, normalize_target, preset, target_completion_notes)
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import (CpuTraits, DeviceModel, GpuTraits, MemoryLevel, cache_dir,
+                                 calibrate, list_presets, normalize_target, preset,
+                                 target_completion_notes)
+from tvm_roller.backends.registry import device_model
+from tvm_roller.hardware.cpu import from_target
 from tvm_roller.hardware import cache as hw_cache
 from tvm_roller.hardware import cpu as hw_cpu
 
@@ -32,10 +36,59 @@ def test_preset_round_trips_through_json(name):
     m = preset(name)
     assert DeviceModel.from_json(m.to_json()) == m
     assert m.kind == "cpu" and m.levels[-1].name == "DRAM" and m.levels[-1].shared
-    fma = m.extra["fma_units"]
+    fma = m.cpu.fma_units
     lanes = m.simd_lanes("float32")
     assert m.peak_gflops["float32"] == pytest.approx(m.num_units * m.frequency_ghz * fma * 2 * lanes)
     assert all(l.bandwidth_gbs > 0 and l.capacity_bytes > 0 for l in m.levels)
+
+
+def _legacy_json(m: DeviceModel, **more) -> str:
+    """``m`` as JSON from before the typed traits: one flat ``extra`` dict of floats."""
+    d = json.loads(m.to_json())
+    traits = d.pop("cpu") or d.pop("gpu")
+    d.pop("gpu", None)
+    d["extra"] = {k: float(v) for k, v in traits.items() if v is not None}
+    d["extra"].update(more)
+    return json.dumps(d)
+
+
+def test_traits_are_typed_frozen_and_kept():
+    cpu_m, gpu_m = preset("x86-avx512"), preset("h100")
+    assert isinstance(cpu_m.cpu, CpuTraits) and cpu_m.gpu is None
+    assert isinstance(gpu_m.gpu, GpuTraits) and gpu_m.cpu is None
+    assert (cpu_m.cpu.fma_units, cpu_m.cpu.dram_gbs_single_core) == (2.0, 12.0)
+    c = cpu_m.cpu
+    assert (c.fma_chains, c.fma_per_cycle, c.loads_per_cycle) == (8.0, 1.0, 2.0)
+    g = gpu_m.gpu
+    assert (g.cc_major, g.cc_minor, g.warp_size, g.smem_per_block_optin) == (9, 0, 32, 227 * 1024)
+    assert all(type(getattr(g, f.name)) is int
+               for f in dataclasses.fields(g) if f.name != "boost_ghz")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cpu_m.cpu.fma_units = 1.0
+    assert cpu_m.with_units(4).cpu == cpu_m.cpu and gpu_m.with_units(66).gpu == gpu_m.gpu
+    # a CPU model built without traits gets the readers' defaults; a GPU model needs its limits
+    bare = DeviceModel("c", "cpu", 1, 16, 16, list(cpu_m.levels), {"float32": 1.0})
+    assert bare.cpu == CpuTraits() and bare.cpu.dram_gbs_single_core is None
+    with pytest.raises(ValueError):
+        DeviceModel("g", "gpu", 1, 128, 255, list(gpu_m.levels), {"float32": 1.0})
+    with pytest.raises(ValueError):
+        DeviceModel("c", "cpu", 1, 16, 16, list(cpu_m.levels), {"float32": 1.0}, gpu=g)
+
+
+@pytest.mark.parametrize("name", ["x86-avx2", "h200"])
+def test_old_json_with_extra_still_loads(name):
+    m = preset(name)
+    assert DeviceModel.from_json(_legacy_json(m, some_old_key=3.0)) == m
+    # a calibrated model as written before the traits (docs/costcheck/dataset.json)
+    if m.kind == "cpu":
+        cal = dataclasses.replace(m.cpu, estimated_peak_float32=166.153,
+                                  calibration_seconds=6.32, calibration_threads=2,
+                                  calibration_quick=False, calibration_foreign_cpu_share=0.004,
+                                  peak_tile_rows=8, peak_tile_cols=32)
+        m2 = dataclasses.replace(m, cpu=cal)
+        got = DeviceModel.from_json(_legacy_json(m2))
+        assert got == m2 and type(got.cpu.calibration_threads) is int
+        assert got.cpu.calibration_quick is False
 
 
 def test_preset_isa_shapes():
@@ -98,7 +151,7 @@ def test_from_target_skylake_avx512():
     m = from_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
     assert (m.simd_bytes, m.num_vector_registers, m.isa, m.num_units) == (64, 32, "avx512", 2)
     assert m.source.startswith("estimated")
-    fma = m.extra["fma_units"]
+    fma = m.cpu.fma_units
     assert m.peak_gflops["float32"] == pytest.approx(2 * m.frequency_ghz * fma * 2 * 16, rel=1e-3)
     assert DeviceModel.from_json(m.to_json()) == m
 
@@ -130,9 +183,9 @@ def test_from_target_host_without_sys(monkeypatch, tmp_path):
 
 
 def test_from_target_gpu_kinds():
-    assert from_target("nvidia/nvidia-h100").kind == "gpu"  # a preset, no live GPU
+    assert device_model("nvidia/nvidia-h100").kind == "gpu"  # a preset, no live GPU
     with pytest.raises(UnsupportedError):
-        from_target({"kind": "rocm"})
+        device_model({"kind": "rocm"})
 
 
 # -- cache ------------------------------------------------------------------------------------
@@ -145,6 +198,21 @@ def _fake_calibrated(cores: int) -> DeviceModel:
 
 def test_cache_dir_follows_env(private_cache):
     assert cache_dir() == private_cache
+
+
+def test_old_cache_file_with_extra_is_used(private_cache):
+    key = hw_cache.calibration_key(hw_cpu.host_cpu(), hw_cpu.host_cpu(), 2)
+    fake = _fake_calibrated(2)
+    path = hw_cache.save_calibration(key, fake)
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    payload["model"] = json.loads(_legacy_json(fake, calibration_seconds=1.5))
+    path.write_text(json.dumps(payload), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = from_target({"kind": "llvm", "num-cores": 2})
+    assert got.source == f"calibrated:{path}"
+    assert got.cpu == dataclasses.replace(fake.cpu, calibration_seconds=1.5)
+    assert got.levels == fake.levels
 
 
 def test_cache_round_trip_is_used_by_from_target(private_cache):

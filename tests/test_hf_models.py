@@ -11,6 +11,7 @@ import torch
 import tvm
 from tvm import relax
 
+from tvm_roller.backends.registry import device_model
 import tvm_roller
 import tvm_roller.relax as rr
 from tvm_roller.analysis.visit import post_order_visit
@@ -114,7 +115,7 @@ def test_failing_multi_operator_function_is_built_as_its_operators(monkeypatch):
 
     func = gemm_chain([3], 37, 16, 29, 24, "softmax")
     hit = _inject(monkeypatch, lambda f: _reductions(f) >= 3)
-    new, entry = rr.schedule_function("chain", func, TARGET, tvm_roller.hardware.from_target(
+    new, entry = rr.schedule_function("chain", func, TARGET, device_model(
         TARGET))
     assert hit and new is not None
     assert entry.status == "roller" and entry.kind == "operators"

@@ -11,9 +11,9 @@ import tvm
 from tvm import te, topi
 
 import tvm_roller
-from tvm_roller import policy
+from tvm_roller.backends.cpu import policy
 from tvm_roller.analysis import analyze
-from tvm_roller.rtile import padding_waste
+from tvm_roller.core.rtile import padding_waste
 
 from conftest import F32_TOL_LONG, TARGET, assert_close, device, rand, run
 
@@ -107,7 +107,7 @@ def test_irregular_model_shapes(m, k, n):
 # -- policy ------------------------------------------------------------------------------------
 def _tile(m, k, n, **kw):
     fa = analyze(te.create_prim_func(_mm(m, k, n)))
-    return fa, policy.construct(fa, device(), **kw)[0]
+    return fa, policy.construct_tiled(fa, device(), **kw)[0]
 
 
 @pytest.mark.parametrize("m", [197, 127, 49, 77, 1500, 13])

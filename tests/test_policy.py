@@ -15,13 +15,20 @@ from tvm.s_tir.meta_schedule.testing import te_workload as W
 import tvm_roller
 from tvm_roller import hardware
 from tvm_roller.analysis import analyze
-from tvm_roller.perf_model import num_tiles
-from tvm_roller.policy import _grow, _scale_out, construct
-from tvm_roller.rtile import RTile, aligned_steps, padding_waste
+from tvm_roller.analysis.traffic import num_tiles
+from tvm_roller.backends.cpu.policy import _scale_out
+from tvm_roller.backends.registry import backend_for
+from tvm_roller.core.growth import grow_by_reuse
+from tvm_roller.core.rtile import RTile, aligned_steps, padding_waste
 
 from conftest import TARGET, device
 
 DEFAULT_MULTIPLES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 48, 64, 96, 128)
+
+
+def construct(fa, dev, topk=1):
+    """The CPU backend's construction for ``fa`` (the rule that takes it)."""
+    return backend_for("llvm").rule_for(fa).construct(fa, dev, topk)
 
 
 def _fa(tensors):
@@ -125,7 +132,7 @@ def test_grow_picks_best_reuse_score():
     steps = [[1, 2, 4, 8], [1, 2, 4, 8]]
     q = lambda t: 100.0 / t[0] + 10.0 / t[1]  # axis 0 cuts traffic 10x more per step
     f = lambda t: t[0] + t[1]
-    path = _grow((1, 1), steps, q, f, lambda t: True)
+    path = grow_by_reuse((1, 1), steps, q, f, lambda t: True)
     # S_0 = 50 vs S_1 = 5, then 12.5 vs 5, then 3.125 vs 5 -> axis 1
     assert path[:4] == [(1, 1), (2, 1), (4, 1), (4, 2)]
     assert path == _reference_greedy((1, 1), steps, q, f, lambda t: True)
@@ -136,7 +143,7 @@ def test_grow_other_axis_first():
     steps = [[1, 2, 4, 8], [1, 3, 9]]
     q = lambda t: 10.0 / t[0] + 90.0 / t[1]
     f = lambda t: t[0] * t[1]
-    path = _grow((1, 1), steps, q, f, lambda t: True)
+    path = grow_by_reuse((1, 1), steps, q, f, lambda t: True)
     assert path[1] == (1, 3)  # S_1 = 60 / 2 = 30 beats S_0 = 5 / 1
     assert path == _reference_greedy((1, 1), steps, q, f, lambda t: True)
 
@@ -146,7 +153,7 @@ def test_grow_respects_capacity_and_ties():
     q = lambda t: sum(64.0 / x for x in t)  # symmetric: ties everywhere
     f = lambda t: t[0] * t[1] * t[2]
     fits = lambda t: f(t) <= 32
-    path = _grow((1, 1, 1), steps, q, f, fits)
+    path = grow_by_reuse((1, 1, 1), steps, q, f, fits)
     assert path[1] == (2, 1, 1)  # a tie goes to the earlier axis, deterministically
     assert all(fits(t) for t in path)
     last = path[-1]
@@ -159,7 +166,7 @@ def test_grow_respects_capacity_and_ties():
 
 def test_grow_stops_without_gain():
     steps = [[1, 2, 4]]
-    path = _grow((1,), steps, lambda t: 5.0, lambda t: float(t[0]), lambda t: True)
+    path = grow_by_reuse((1,), steps, lambda t: 5.0, lambda t: float(t[0]), lambda t: True)
     assert path == [(1,)]
 
 

@@ -234,7 +234,7 @@ def test_two_concurrent_compiles_share_the_caches(tmp_path):
 
 # -- fast math ------------------------------------------------------------------------------------
 def test_rational_erf_accuracy():
-    from tvm_roller.fast_math import erf_expr
+    from tvm_roller.relax_passes.fast_math import erf_expr
 
     X = te.placeholder((4001,), "float32", name="X")
     Y = te.compute((4001,), lambda i: erf_expr(X[i]), name="Y")

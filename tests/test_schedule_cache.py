@@ -19,14 +19,15 @@ from typing import List
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te
 
 import tvm_roller
 from tvm_roller import schedule_cache as sc
 from tvm_roller.api import apply
 from tvm_roller.hardware import normalize_target
-from tvm_roller.schedule_cache import (CacheWarning, ScheduleCache, cached_plan, cached_schedule,
-                                       check_tile)
+import tvm_roller.core.version
+from tvm_roller.schedule_cache import CacheWarning, ScheduleCache, cached_plan, cached_schedule
 
 
 def _h():
@@ -148,7 +149,7 @@ def test_key_follows_target_device_and_version(tmp_path, monkeypatch):
     # provenance alone is not a device constant
     assert cache.key(func, h.TARGET, dataclasses.replace(dev, source="calibrated:/x.json")) == key
 
-    monkeypatch.setattr(tvm_roller, "__version__", "99.0.0")
+    monkeypatch.setattr(tvm_roller.core.version, "__version__", "99.0.0")
     assert cache.key(func, h.TARGET, dev) != key
     monkeypatch.undo()
     assert cache.key(func, h.TARGET, dev) == key
@@ -344,7 +345,7 @@ def test_fresh_plans_pass_the_tile_check():
     for f in funcs:
         p = tvm_roller.plan(f, h.TARGET, topk=3, device=h.device())
         for t in p.tiles:
-            check_tile(t, p.analysis)
+            p.rule.validate(t, p.analysis, p.device)
 
 
 # -- concurrency ----------------------------------------------------------------------------------
@@ -445,3 +446,56 @@ def test_hit_is_faster_than_planning(tmp_path):
         lines.append(f"{name}: plan {plan_s * 1e3:.2f} ms, miss (plan + put) {miss_s * 1e3:.2f} ms,"
                      f" hit {hit_s * 1e3:.2f} ms")
     print("\n" + "\n".join(lines))
+
+
+# -- a CUDA target --------------------------------------------------------------------------------
+def _gemm_nt(m: int = 96, n: int = 64, k: int = 40):
+    """C = A . B^T: no contiguous output vector on a CPU (a reduction there), tiled on a GPU."""
+    A = te.placeholder((m, k), "float32", name="A")
+    B = te.placeholder((n, k), "float32", name="B")
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[j, r], axis=r), name="C")
+    return te.create_prim_func([A, B, C])
+
+
+def _hgemm(m: int = 128, n: int = 128, k: int = 64):
+    A = te.placeholder((m, k), "float16", name="A")
+    B = te.placeholder((k, n), "float16", name="B")
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("float32") * B[r, j].astype(
+        "float32"), axis=r), name="C")
+    return te.create_prim_func([A, B, C])
+
+
+@pytest.mark.parametrize("make", [lambda: _gemm()[0], lambda: _rowsum()[0], _gemm_nt, _hgemm],
+                         ids=["gemm", "rowsum", "gemm_nt", "hgemm"])
+def test_cuda_target_hits_without_replanning(tmp_path, make):
+    """A CUDA plan's tiles come back from the cache through the same rule (the GPU's kind of the
+    function, not the CPU analysis's): a hit, no warning, the same tiles and the same kernel."""
+    from tvm_roller.hardware import preset
+
+    target, dev = tvm.target.Target("nvidia/nvidia-h100"), preset("h100")
+    cache = ScheduleCache(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        first = cached_schedule(make(), target, device=dev, cache=cache)
+        again = cached_schedule(make(), target, device=dev, cache=cache)
+    assert not first.from_cache and again.from_cache
+    assert cache.stats()["hits"] == 1 and cache.stats()["stale"] == 0
+    assert again.plan.rule is first.plan.rule and again.plan.tiles[0].backend == "cuda"
+    assert _tiles_json(again.plan.tiles) == _tiles_json(first.plan.tiles)
+    assert tvm_ffi.structural_equal(again.schedule.mod, first.schedule.mod)
+
+
+def test_cuda_cached_tile_that_does_not_fit_is_replanned(tmp_path):
+    from tvm_roller.hardware import preset
+
+    target, dev = tvm.target.Target("nvidia/nvidia-h100"), preset("h100")
+    cache = ScheduleCache(tmp_path)
+    func = _gemm_nt()
+    fresh = cached_schedule(func, target, device=dev, cache=cache)
+    path = cache.path(func, target, dev)
+    _rewrite(path, lambda e: e["tiles"][0].update(threads=0))  # no threads: not a block tile
+    with pytest.warns(CacheWarning, match="does not fit"):
+        got = cached_schedule(func, target, device=dev, cache=cache)
+    assert not got.from_cache and _tiles_json(got.plan.tiles) == _tiles_json(fresh.plan.tiles)

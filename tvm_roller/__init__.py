@@ -3,9 +3,8 @@
 Builds a schedule from hardware-aligned tiles (rTiles) in well under a second instead of searching,
 for TVM's LLVM backend (CUDA follows). Plans offline from a device model: no live device needed.
 """
-__version__ = "0.1.0"
-
-from ._version_check import check_tvm_ffi as _check_tvm_ffi
+from tvm_roller.core.version import __version__
+from tvm_roller._version_check import check_tvm_ffi as _check_tvm_ffi
 
 _check_tvm_ffi()
 
@@ -22,10 +21,10 @@ def _default_thread_count() -> None:
 
 _default_thread_count()
 
-from . import dlight, hardware, relax  # noqa: E402  (both cost ~nothing once tvm is imported)
-from .api import build, explain, plan, schedule  # noqa: E402
-from .errors import FallbackWarning, UnsupportedError  # noqa: E402
-from .rtile import RTile  # noqa: E402
+from tvm_roller import dlight, hardware, relax  # noqa: E402  (both cost ~nothing once tvm is imported)
+from tvm_roller.api import build, explain, plan, schedule  # noqa: E402
+from tvm_roller.core.errors import FallbackWarning, UnsupportedError  # noqa: E402
+from tvm_roller.core.rtile import RTile  # noqa: E402
 
 __all__ = ["schedule", "build", "explain", "plan", "UnsupportedError", "FallbackWarning", "RTile",
            "hardware", "dlight", "relax", "__version__"]

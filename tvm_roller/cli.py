@@ -40,6 +40,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     import tvm_roller
+    from tvm_roller.backends.registry import host_target
     from tvm_roller.suite import workloads
 
     from tvm_roller.hardware import preset
@@ -51,7 +52,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         funcs = [(workloads.workload_name(c, i), workloads.create(c, i))
                  for c, i in workloads.list_workloads(args.op)]
-    target = _target(args.target) or {"kind": "llvm"}
+    target = _target(args.target) or host_target()
     for name, func in funcs:
         if len(funcs) > 1:
             print(f"== {name} ==")

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import UnsupportedError
+from tvm_roller.core.errors import UnsupportedError
 
 
 @dataclass
@@ -104,10 +104,11 @@ def compile_model(model, input_shape: Sequence[int], target=None, name: str = "m
     import torch
     import tvm
 
-    from . import relax as roller_relax
-    from .api import resolve_target
+    from tvm_roller import relax as roller_relax
+    from tvm_roller.backends.registry import host_target
+    from tvm_roller.api import resolve_target
 
-    tgt, _, _ = resolve_target(target if target is not None else "llvm")
+    tgt, _, _ = resolve_target(target if target is not None else host_target())
     torch.manual_seed(seed)
     x = torch.randn(*[int(s) for s in input_shape])
     mod = import_torch(model, x)

@@ -16,9 +16,9 @@ from typing import Dict, Optional
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .api import apply, plan
-from .errors import FallbackWarning, UnsupportedError
-from .hardware import DeviceModel
+from tvm_roller.api import apply, plan
+from tvm_roller.core.errors import FallbackWarning, UnsupportedError
+from tvm_roller.hardware import DeviceModel
 
 
 class Roller(s_tir.dlight.ScheduleRule):

@@ -31,11 +31,13 @@ from tvm import relax, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from . import api
-from .errors import UnsupportedError
-from .hardware import DeviceModel
-from .hardware.cache import atomic_write
-from .relax import fusion_passes, is_scheduled
+from tvm_roller import api
+from tvm_roller.backends.registry import backend_for, host_target
+from tvm_roller.core.types import TargetLike
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.cache import atomic_write
+from tvm_roller.relax import fusion_passes, is_scheduled
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,6 @@ _RECORDS = "database_tuning_record.json"
 # MetaSchedule's stand-in run time for a failed build or run (SortTuningRecordByMeanRunSecs)
 _MS_FAILED_SECS = 1e10
 # the runner opens tvm.runtime.device(device_type): a device name, not a target kind
-_RUNNER_DEVICE = {"llvm": "cpu", "cuda": "cuda"}
 
 ModLike = Union[tvm.IRModule, tirx.PrimFunc]
 
@@ -75,7 +76,7 @@ def _is_relax(mod: tvm.IRModule) -> bool:
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The Relax module after roller's fusion passes: its PrimFuncs are the tasks."""
     with target:  # LegalizeOps picks target-specific legalizations
-        return fusion_passes(gemm_chains=target.kind.name == "llvm")(mod)
+        return fusion_passes(gemm_chains=backend_for(target).traceable_chains)(mod)
 
 
 def extract_tasks(mod: Union[ModLike, "relax.Function"],
@@ -188,8 +189,10 @@ def _ffi_mutator_apply(mutator: ms.mutator.Mutator, trace, rand_state: int):
     return tvm.get_global_func("s_tir.meta_schedule.MutatorApply")(mutator, trace, rand_state)
 
 
-def search_space(stats: Optional[Dict[str, int]] = None) -> ms.space_generator.PostOrderApply:
-    """MetaSchedule's default llvm search space with ``MutateTileSize`` replay-checked.
+def search_space(stats: Optional[Dict[str, int]] = None,
+                 target: Optional[TargetLike] = None) -> ms.space_generator.PostOrderApply:
+    """MetaSchedule's default search space for ``target``'s backend (default: the host) with
+    ``MutateTileSize`` replay-checked.
 
     Same schedule rules, postprocessors and mutator probabilities as the default; only the tile
     size mutations are checked (roller's traces carry no other mutable decision). Use it for a
@@ -197,7 +200,8 @@ def search_space(stats: Optional[Dict[str, int]] = None) -> ms.space_generator.P
     the counts of checked and rejected mutations.
     """
     probs = {}
-    for mutator, prob in ms.Mutator.create("llvm").items():
+    for mutator, prob in ms.Mutator.create(backend_for(
+            target if target is not None else host_target()).tuning_kind).items():
         if isinstance(mutator, ms.mutator.MutateTileSize):
             if stats is not None:
                 stats.setdefault("mutated", 0)
@@ -400,7 +404,7 @@ def _measure(cands: Sequence[_Candidate], target, builder, runner,
             continue
         to_run.append(c)
         inputs.append(ms.runner.RunnerInput(
-            br.artifact_path, _RUNNER_DEVICE[target.kind.name],
+            br.artifact_path, backend_for(target).runner_device,
             ms.arg_info.ArgInfo.from_entry_func(c.sch.mod, remove_preproc=True)))
     out = []
     try:
@@ -561,7 +565,7 @@ def tune_seeded(mod: Union[ModLike, "relax.Function"], target: api.TargetLike,
         cost_model = default_cost_model(num_tuning_cores=num_tuning_cores)
     stats: Dict[str, int] = {}
     if space is None:
-        space = search_space(stats)
+        space = search_space(stats, tgt)
     fed = warm_cost_model(cost_model, db, extract_tasks(mod, tgt), tgt)
     logger.info("cost model trained on %d measured record(s) before tuning", fed)
     if isinstance(mod, relax.Function):

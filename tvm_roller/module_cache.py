@@ -27,9 +27,9 @@ from typing import List, Optional, Tuple
 import tvm
 import tvm_ffi
 
-from .hardware import DeviceModel
-from .hardware.cache import atomic_write, cache_dir
-from .schedule_cache import CacheWarning, context_material, material_digest
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.cache import atomic_write, cache_dir
+from tvm_roller.schedule_cache import CacheWarning, context_material, material_digest
 
 logger = logging.getLogger("tvm_roller")
 

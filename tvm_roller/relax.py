@@ -4,8 +4,8 @@
 
 The pipeline is TVM's default one for the target (library dispatch, legalization, fusion, dataflow
 lowering, finalization) with passes added before legalization (rewrites around TVM defects,
-inference simplifications, convolution layouts: :mod:`relax_workarounds`, :mod:`relax_inference`,
-:data:`CONV_LAYOUTS`) and one after fusion: roller plans, schedules and builds each fused PrimFunc
+inference simplifications, convolution layouts: :mod:`relax_passes.workarounds`, :mod:`relax_passes.inference`,
+:attr:`Backend.conv_layouts`) and one after fusion: roller plans, schedules and builds each fused PrimFunc
 alone. A function roller declines (a symbolic shape, ...) or fails on (a defect: reported as an
 error) keeps TVM's default treatment, so one function never fails the model's compile. On a
 CUDA target TVM's default treatment is its dlight rules (an unscheduled kernel cannot run on a
@@ -22,10 +22,14 @@ from typing import List, Optional, Tuple
 import tvm
 from tvm import relax, s_tir, tirx
 
-from .errors import FallbackWarning, UnsupportedError
-from .hardware import DeviceModel
-from .relax_inference import inference_pass
-from .relax_workarounds import workarounds_pass
+from tvm_roller.api import (Lowered, Plan, default_schedule, lower, pass_context, plan,
+                            resolve_target)
+from tvm_roller.backends.registry import backend_for, has_backend
+from tvm_roller.core.errors import FallbackWarning, UnsupportedError
+from tvm_roller.fusion.chain import GemmChain
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.relax_passes.inference import inference_pass
+from tvm_roller.relax_passes.workarounds import workarounds_pass
 
 logger = logging.getLogger("tvm_roller")
 
@@ -55,28 +59,17 @@ class FuncReport:
         return asdict(self)
 
 
-# The convolution layouts each backend's kernels are fastest in (BENCHMARKS.md, "Real models"):
-# on a CPU, channels innermost (NHWC / NWC, weights HWIO / WIO) so the output channels are the
-# vector axis with unit-stride weights for every window, stride and group count. PyTorch's NCHW
-# weights are constants: their transposes fold at compile time; the activations' transposes
-# move to the model's edges (ConvertLayout carries the layout through elementwise ops and
-# pooling).
-CONV_LAYOUTS = {
-    "llvm": {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"]},
-    "cuda": {},
-}
-
-
 def conv_layout_pass(layouts: Optional[dict] = None) -> tvm.transform.Pass:
     """Convolutions to ``layouts`` (op name -> [data layout, kernel layout]); None: the current
-    target's entry of :data:`CONV_LAYOUTS` (none outside a target context)."""
+    target's backend's ``conv_layouts`` (none outside a target context or without a backend)."""
 
     @tvm.transform.module_pass(opt_level=0, name="RollerConvLayout")
     def _convert(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         chosen = layouts
         if chosen is None:
             tgt = tvm.target.Target.current(allow_none=True)
-            chosen = CONV_LAYOUTS.get(tgt.kind.name, {}) if tgt is not None else {}
+            chosen = backend_for(tgt).conv_layouts if tgt is not None and has_backend(tgt) \
+                else {}
         if not chosen or not _calls_any(mod, set(chosen)):
             return mod  # (ConvertLayout itself runs out of memory on some models: DeBERTa)
         try:
@@ -110,10 +103,10 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
     pipeline schedules, so records written for them apply to what the pipeline builds.
     ``fast_math`` swaps exp/tanh for TVM's polynomial versions (``FastMathTransform``) and erf /
-    GELU for roller's rational erf (:mod:`tvm_roller.fast_math`): these vectorize, while LLVM's
+    GELU for roller's rational erf (:mod:`tvm_roller.relax_passes.fast_math`): these vectorize, while LLVM's
     scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6.
     ``conv_layouts``: see :func:`conv_layout_pass` (``{}`` keeps the model's layouts)."""
-    from . import fast_math as fm
+    from tvm_roller.relax_passes import fast_math as fm
 
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
@@ -132,39 +125,27 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
 def group_chains_pass(device: Optional[DeviceModel] = None,
                       decisions: Optional[list] = None) -> tvm.transform.Pass:
     """Group each matmul -> ... -> matmul chain of every Relax function into one primitive
-    function (``fusion.relax_pass``) when roller's data-movement model says fusing it pays on
+    function (``relax_passes.chains``) when roller's data-movement model says fusing it pays on
     the current target's device (or ``device``); the other chains' operators are fused and
     scheduled one by one as usual. ``decisions`` gets one dict per chain found: its shape,
     whether it is fused and the model's reason."""
-    from .fusion.chain import GemmChain
-    from .fusion.planner import plan_gemm_chain
-    from .fusion.relax_pass import (chain_shape, cuda_stages_refused, group_gemm_chains,
-                                    reduces_rows)
+    from tvm_roller.relax_passes.chains import chain_shape, group_gemm_chains, reduces_rows
 
     def decide(first, second, kinds) -> bool:
         shape = chain_shape(first, second)
         tgt = tvm.target.Target.current(allow_none=True)
-        if shape is None or tgt is None or tgt.kind.name not in ("llvm", "cuda"):
+        if shape is None or tgt is None or not has_backend(tgt):
             return False
-        from . import hardware
-
+        backend = backend_for(tgt)
+        if backend.chain_rule is None:
+            return False
         batch, m, k, l, n, dtype = shape  # noqa: E741
         if dtype not in ("float32", "float64"):
             return False
-        dev = device if device is not None else hardware.from_target(tgt)
+        dev = device if device is not None else backend.device_model(tgt)
         chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8,
                           row_reduction=reduces_rows(kinds))
-        if tgt.kind.name == "cuda":
-            from .fusion.lower_cuda import plan_cuda_chain
-
-            plan = plan_cuda_chain(chain, dev)
-            refused = cuda_stages_refused(kinds)
-            if refused and plan.fuse:
-                plan.fuse = False
-                plan.reason += (f"; kept apart: the fused CUDA kernel does not take "
-                                f"{', '.join(refused)} between the matmuls")
-        else:
-            plan = plan_gemm_chain(chain, dev)
+        plan = backend.chain_rule.plan(chain, dev, stage_kinds=kinds)
         logger.info("tvm_roller: matmul chain %sx%sx%sx%s (batch %s): %s (%s)", m, k, l, n, batch,
                     "fuse" if plan.fuse else "keep apart", plan.reason)
         if decisions is not None:
@@ -193,8 +174,6 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
 
     ``cache``: True (the default persistent cache), False (none) or a ScheduleCache.
     ``progress``: a tqdm bar over functions; None = only for modules with many functions."""
-    from .api import resolve_target
-
     tgt, dev, _ = resolve_target(target, device)
     sched_cache = _resolve_cache(cache)
 
@@ -232,23 +211,22 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
     :class:`~tvm_roller.schedule_cache.ScheduleCache`). ``fast_math``: see :func:`fusion_passes`.
     ``chains`` (a list) gets one dict per matmul chain found: fused or kept apart, and why;
     ``fuse_chains=False`` turns the matmul-chain fusion off; ``conv_layouts``: the layouts
-    convolutions are converted to (None: the backend's :data:`CONV_LAYOUTS`; ``{}``: keep the
+    convolutions are converted to (None: the backend's ``conv_layouts``; ``{}``: keep the
     model's)."""
-    from .api import resolve_target
-
     tgt, _, _ = resolve_target(target, device)
     roller = schedule_pass(tgt, report, device, cache, progress)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        stages = _default_stages(tgt)
+        backend = backend_for(tgt)
+        stages = backend.relax_stages()
         with tgt:
             seq = tvm.transform.Sequential(
                 [workarounds_pass()]  # before DispatchSortScan legalizes the scans
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(fast_math, fuse_chains, device,
                                  chains, conv_layouts), roller]
-                + _fallback_passes(tgt)
+                + backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))
             return seq(mod)
@@ -267,8 +245,7 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     compiling the same model again is a load. Returns something ``relax.VirtualMachine`` takes.
     On a cache hit ``report`` gets the entries stored with the library (``cached`` set).
     ``chains`` gets the fusion decision for each matmul chain (not on a cache hit)."""
-    from .api import resolve_target
-    from .module_cache import ModuleCache
+    from tvm_roller.module_cache import ModuleCache
 
     tgt, dev, _ = resolve_target(target, device)
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
@@ -282,8 +259,6 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
                 report.extend(dict(e, cached=True) for e in entries)
             _summarise([FuncReport(**dict(e, cached=True)) for e in entries])
             return lib
-    from .api import pass_context
-
     entries: list = []
     with pass_context(tgt):
         ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
@@ -297,32 +272,6 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _default_stages(tgt: tvm.target.Target):
-    """The module holding TVM's per-stage Relax pass lists for ``tgt``'s backend.
-
-    (``relax.pipeline.dataflow_lower_passes`` would dispatch, but in 0.27 it looks the function up
-    on the backend package, which does not export it; the backend's ``pipeline`` module has it.)"""
-    import importlib
-
-    backends = {"llvm": "cpu_generic", "cuda": "cuda"}
-    kind = tgt.kind.name
-    if kind not in backends:
-        raise UnsupportedError(f"no Relax pipeline for target kind {kind!r} "
-                               f"(supported: {', '.join(backends)})")
-    return importlib.import_module(f"tvm.relax.backend.{backends[kind]}.pipeline")
-
-
-def _fallback_passes(tgt: tvm.target.Target) -> list:
-    """What schedules the functions roller declined: nothing on a CPU (TVM's default lowering
-    builds them), dlight's default GPU rules on CUDA (they skip what roller marked scheduled)."""
-    if tgt.kind.name != "cuda":
-        return []
-    from tvm.s_tir import dlight as dl
-
-    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
-
-
 def is_scheduled(func: tirx.PrimFunc) -> bool:
     """Marked done by a schedule rule or pass (``tirx.is_scheduled``): left alone."""
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
@@ -331,7 +280,7 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
 def _resolve_cache(cache):
     if cache is False or cache is None:
         return None
-    from .schedule_cache import ScheduleCache
+    from tvm_roller.schedule_cache import ScheduleCache
 
     return ScheduleCache() if cache is True else cache
 
@@ -344,8 +293,9 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
     is left to TVM's default, except one holding several operators, which is retried as those
     operators one by one (each roller-scheduled, or left to TVM's default on its own)."""
     try:
-        p, sch, cached = _schedule_one(func, tgt, dev, sched_cache)
-        new = _checked(sch.mod["main"], tgt)
+        p, lowered, cached = _schedule_one(func, tgt, dev, sched_cache)
+        new = _checked(lowered.schedule.mod["main"], tgt)
+        decision = lowered.fusion
     except UnsupportedError as err:
         return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err))
     except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
@@ -353,17 +303,17 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
         logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
         return _as_operators(name, func, tgt, dev, sched_cache, "error", reason)
     fusion = ""
-    if p.fusion is not None:
-        fusion = f"{'fused' if p.fusion.fuse else 'unfused'}: {p.fusion.reason}"
+    if decision is not None:
+        fusion = f"{'fused' if decision.fuse else 'unfused'}: {decision.reason}"
     tile = p.tiles[0]
-    return new, FuncReport(name, "roller", p.analysis.kind, tile.to_dict(), tile.predicted_s,
+    return new, FuncReport(name, "roller", tile.kind, tile.to_dict(), tile.predicted_s,
                            cached=cached, fusion=fusion)
 
 
 def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str):
     """The fallback for ``func``: its operators one by one when it has several (a chain group
     that cannot be fused or planned whole is un-grouped this way), else TVM's default."""
-    from .fusion import split
+    from tvm_roller.fusion import split
 
     whole = FuncReport(name, "fallback", reason=reason, fallback=fallback)
     try:
@@ -401,12 +351,8 @@ def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str)
 
 
 def _default_schedule(func: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
-    """TVM's default treatment of one PrimFunc: unscheduled on a CPU, dlight's rules on CUDA."""
-    if tgt.kind.name != "cuda":
-        return func
-    from .api import default_gpu_schedule
-
-    return default_gpu_schedule(tvm.IRModule({"main": func}), tgt)["main"]
+    """TVM's default treatment of one PrimFunc (the backend's: dlight's rules on a GPU)."""
+    return default_schedule(tvm.IRModule({"main": func}), tgt)["main"]
 
 
 def _checked(func: tirx.PrimFunc, tgt) -> tirx.PrimFunc:
@@ -428,17 +374,15 @@ def _first_lines(err: BaseException, limit: int = 300) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
-def _schedule_one(func, tgt, dev, sched_cache):
-    """(plan, schedule, came_from_cache)."""
-    from .api import apply, plan
-
+def _schedule_one(func, tgt, dev, sched_cache) -> Tuple[Plan, Lowered, bool]:
+    """(plan, its best tile lowered, came_from_cache)."""
     if sched_cache is None:
         p = plan(func, tgt, 1, dev)
-        return p, apply(p, p.tiles[0]), False
-    from .schedule_cache import cached_schedule
+        return p, lower(p, p.tiles[0]), False
+    from tvm_roller.schedule_cache import cached_schedule
 
     cs = cached_schedule(func, tgt, dev, cache=sched_cache)
-    return cs.plan, cs.schedule, cs.from_cache
+    return cs.plan, cs.lowered, cs.from_cache
 
 
 def _progress(items, progress: Optional[bool]):

@@ -50,13 +50,14 @@ import tvm
 import tvm_ffi
 from tvm import s_tir
 
-from .analysis import FuncAnalysis, analyze, unwrap_func
-from .api import Plan, TargetLike, _backend, _plan_fusion, apply, resolve_target
-from .api import plan as _plan
-from .hardware import DeviceModel
-from .hardware.cache import atomic_write, cache_dir
-from .hardware.cpu import plain
-from .rtile import RTile
+from tvm_roller.analysis import unwrap_func
+from tvm_roller.api import Lowered, Plan, Prepared, lower, plan_prepared, prepare, resolve_target
+from tvm_roller.backends.base import InvalidTile, check_tile_shape
+from tvm_roller.core.rtile import RTile
+from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.cache import atomic_write, cache_dir
+from tvm_roller.hardware.cpu import plain
 
 logger = logging.getLogger("tvm_roller")
 
@@ -68,7 +69,7 @@ _TMP_SUFFIX = ".tmp"
 _NAME_ATTRS = ("global_symbol",)
 # What applying an unsuitable tile raises: TVM 0.27 has no common TVMError base; FFI errors
 # arrive as RuntimeError subclasses (ScheduleError, InternalError) or ValueError/TypeError/
-# IndexError, and lower/cpu.py's own index arithmetic raises the rest.
+# IndexError, and backends/cpu/lower.py's own index arithmetic raises the rest.
 _APPLY_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, ZeroDivisionError)
 
 
@@ -76,7 +77,7 @@ class CacheWarning(UserWarning):
     """A schedule cache entry was unreadable or unusable: ignored, and the function re-planned."""
 
 
-class _BadEntry(ValueError):
+class _BadEntry(InvalidTile):
     """An entry file that cannot be used (the message says why)."""
 
 
@@ -94,10 +95,10 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# The modules whose code decides the tiles: analysis, policy, micro-model, lowering. (Target and
-# device normalisation need not be here: their results are in the key themselves.)
-_TILE_CODE = ("api.py", "rtile.py", "policy.py", "perf_model.py", "hardware/model.py", "analysis",
-              "lower")
+# The source folders whose code decides the tiles: every layer up to the planner (whole folders
+# and the planner module, so no file is forgotten). Target and device normalisation results are
+# in the key themselves.
+_TILE_CODE = ("core", "hardware", "analysis", "fusion", "backends", "api.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,12 +125,12 @@ def context_material(tgt: tvm.target.Target, device: DeviceModel,
     """Everything besides the function itself that decides what roller builds: the normalised
     target, the device constants, roller's version and code (``code``: which parts), and TVM's
     version. Shared by this cache and the compiled-module cache."""
-    import tvm_roller  # the attribute, read now (tests monkeypatch it)
+    from tvm_roller.core import version  # the attribute, read now (tests monkeypatch it)
 
     return {
         "target": _target_material(tgt),
         "device": _device_material(device),
-        "roller": {"version": tvm_roller.__version__, "code": roller_code_digest(code)},
+        "roller": {"version": version.__version__, "code": roller_code_digest(code)},
         "tvm": {"tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__},
     }
 
@@ -164,56 +165,6 @@ def _device_material(device: DeviceModel) -> Dict[str, Any]:
     d = json.loads(device.to_json())
     d.pop("source", None)  # provenance only; the numbers are what matter
     return d
-
-
-# -- tile checks ----------------------------------------------------------------------------------
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_tile_shape(t: RTile) -> None:
-    """Self-consistency of a tile read from disk (raises _BadEntry)."""
-    n = len(t.extents)
-    if not (isinstance(t.kind, str) and isinstance(t.axis_kinds, str) and len(t.axis_kinds) == n):
-        raise _BadEntry("tile kind/axis_kinds malformed")
-    for name in ("extents", "reg", "l1", "l2"):
-        xs = getattr(t, name)
-        if not (isinstance(xs, list) and len(xs) == n and all(_is_int(x) and x >= 1 for x in xs)):
-            raise _BadEntry(f"tile field {name} is not {n} positive integers")
-    if not (_is_int(t.vector_lanes) and t.vector_lanes >= 1 and _is_int(t.num_tasks)
-            and t.num_tasks >= 1 and _is_int(t.unroll) and t.unroll >= 0):
-        raise _BadEntry("tile vector_lanes/num_tasks/unroll out of range")
-    if t.vector_axis is not None and not (_is_int(t.vector_axis) and 0 <= t.vector_axis < n):
-        raise _BadEntry("tile vector_axis out of range")
-    if not (isinstance(t.pack, list) and all(isinstance(p, str) for p in t.pack)):
-        raise _BadEntry("tile pack is not a list of names")
-
-
-def check_tile(t: RTile, fa: FuncAnalysis) -> None:
-    """Raise ValueError unless ``t`` fits the analysed function the way lower/cpu.py needs it.
-
-    Not a style check: a register tile larger than its L1 tile makes a split factor 0, which
-    crashes the process (SIGFPE inside TVM) instead of raising, so such a tile must never reach
-    ``apply``."""
-    _check_tile_shape(t)
-    if t.kind != fa.kind:
-        raise _BadEntry(f"tile kind {t.kind} != function kind {fa.kind}")
-    if t.extents != [a.extent for a in fa.axes]:
-        raise _BadEntry(f"tile extents {t.extents} != function extents "
-                        f"{[a.extent for a in fa.axes]}")
-    if t.axis_kinds != "".join(a.kind for a in fa.axes):
-        raise _BadEntry("tile axis kinds differ from the function's")
-    if t.vector_axis != fa.vector_axis:
-        raise _BadEntry(f"tile vector axis {t.vector_axis} != function's {fa.vector_axis}")
-    if t.kind == "tiled":
-        if t.acc_level not in ("reg", "task"):
-            raise _BadEntry(f"tile acc_level {t.acc_level!r}")
-        for i, a in enumerate(fa.axes):
-            if a.kind == "S" and not t.reg[i] <= t.l1[i] <= t.l2[i] <= a.extent:
-                raise _BadEntry(f"axis {a.name}: tiles reg {t.reg[i]} <= l1 {t.l1[i]} <= "
-                                f"l2 {t.l2[i]} <= extent {a.extent} do not hold")
-            if a.kind == "R" and not t.l1[i] <= a.extent:
-                raise _BadEntry(f"axis {a.name}: reduction chunk {t.l1[i]} > extent {a.extent}")
 
 
 # -- the cache -------------------------------------------------------------------------------------
@@ -359,12 +310,12 @@ def _parse_entry(raw: bytes, k: _Key) -> Tuple[List[RTile], int]:
     if entry["key"] != k.digest or entry["material"] != k.material:
         raise _BadEntry("entry belongs to another key")
     topk, raw_tiles = entry["topk"], entry["tiles"]
-    if not (_is_int(topk) and topk >= 1 and isinstance(raw_tiles, list) and raw_tiles
+    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1 and isinstance(raw_tiles, list) and raw_tiles
             and all(isinstance(d, dict) for d in raw_tiles)):
         raise _BadEntry("no tiles")
     tiles = [RTile.from_json(json.dumps(d)) for d in raw_tiles]
     for t in tiles:
-        _check_tile_shape(t)
+        check_tile_shape(t)
     return tiles, topk
 
 
@@ -394,48 +345,40 @@ def _sweep_stale_tmp(directory: Path) -> None:
 
 # -- planning through the cache --------------------------------------------------------------------
 def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceModel],
-                 cache: ScheduleCache) -> Tuple[Plan, bool]:
-    """(plan, came_from_cache)."""
-    t0 = time.perf_counter()
-    tgt, dev, notes = resolve_target(target, device)
-    backend = _backend(tgt)
-    fa = analyze(func, backend)  # raises UnsupportedError exactly as plan() would
-    k = cache._key(fa.func, tgt, dev)
+                 cache: ScheduleCache) -> Tuple[Plan, _Key]:
+    """The plan of ``func`` through the cache: a hit's tiles go through the same planner
+    (``plan_prepared``), which validates them with the function's rule; a miss plans and
+    stores. ``Plan.from_cache`` tells which."""
+    prep = prepare(func, target, device)  # raises UnsupportedError exactly as plan() would
+    k = cache._key(prep.analysis.func, prep.target, prep.device)
     tiles = cache._get(k, topk)
     if tiles is not None:
+        names = [a.name for a in prep.analysis.axes]  # names are not in the hash: this func's
+        tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
         try:
-            for t in tiles:
-                check_tile(t, fa)
-        except ValueError as err:
+            return plan_prepared(prep, topk, tiles), k
+        except InvalidTile as err:
             cache._discard(cache._path(k.digest), f"tile does not fit the function: {err}",
                            "stale")
-            tiles = None
-    if tiles is not None:
-        names = [a.name for a in fa.axes]  # names are not in the hash: use this function's
-        tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
-        p = Plan(fa, tgt, dev, tiles, notes)
-        _plan_fusion(p)  # a matmul chain: its fusion decision is re-made, it is cheap
-        p.construct_s = time.perf_counter() - t0
-        return p, True
-    p = _plan(func, target, topk, device)
-    _store(cache, k, p, topk)
-    return p, False
+    return _plan_and_store(prep, cache, k, topk), k
 
 
-def _store(cache: ScheduleCache, k: _Key, p: Plan, topk: int) -> None:
+def _plan_and_store(prep: Prepared, cache: ScheduleCache, k: _Key, topk: int) -> Plan:
+    p = plan_prepared(prep, topk)
     try:
         for t in p.tiles:
-            check_tile(t, p.analysis)
-    except ValueError as err:
+            p.rule.validate(t, p.analysis, p.device)
+    except InvalidTile as err:
         # a fresh tile the cache would reject on reading: don't store it (and don't warn the
         # user each compile); the plan itself is used as is
         logger.debug("not caching the plan of %s: %s", k.digest, err)
-        return
+        return p
     try:
-        cache._put(k, p.tiles, topk)
+        cache._put(k, list(p.tiles), topk)
     except OSError as err:
         warnings.warn(f"cannot write the schedule cache in {cache.directory} ({err}); "
                       "continuing without it", CacheWarning, stacklevel=4)
+    return p
 
 
 def cached_plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None,
@@ -447,11 +390,15 @@ def cached_plan(func, target: TargetLike, topk: int = 1, device: Optional[Device
     return _cached_plan(func, target, topk, device, cache)[0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class CachedSchedule:
     plan: Plan
-    schedule: s_tir.Schedule
+    lowered: Lowered
     from_cache: bool  # the tile came from the cache (False: planned now)
+
+    @property
+    def schedule(self) -> s_tir.Schedule:
+        return self.lowered.schedule
 
 
 def cached_schedule(func, target: TargetLike, device: Optional[DeviceModel] = None,
@@ -459,15 +406,13 @@ def cached_schedule(func, target: TargetLike, device: Optional[DeviceModel] = No
     """Plan through the cache and apply the best tile. If a cached tile fails to apply (e.g.
     written by a lowering that has since changed), warn, drop the entry, re-plan and store."""
     cache = cache if cache is not None else ScheduleCache()
-    p, hit = _cached_plan(func, target, 1, device, cache)
-    if not hit:
-        return CachedSchedule(p, apply(p, p.tiles[0]), False)
+    p, k = _cached_plan(func, target, 1, device, cache)
+    if not p.from_cache:
+        return CachedSchedule(p, lower(p, p.tiles[0]), False)
     try:
-        return CachedSchedule(p, apply(p, p.tiles[0]), True)
+        return CachedSchedule(p, lower(p, p.tiles[0]), True)
     except _APPLY_ERRORS as err:
-        k = cache._key(p.analysis.func, p.target, p.device)
         cache._discard(cache._path(k.digest),
                        f"cached tile failed to apply: {type(err).__name__}: {err}", "stale")
-    p = _plan(func, target, 1, device)
-    _store(cache, k, p, 1)
-    return CachedSchedule(p, apply(p, p.tiles[0]), False)
+    p = _plan_and_store(prepare(func, target, device), cache, k, 1)
+    return CachedSchedule(p, lower(p, p.tiles[0]), False)

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import tvm
 from tvm import sym, tirx
 
-from .visit import post_order_visit
+from tvm_roller.analysis.visit import post_order_visit
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,9 @@ inputs. A *convolution* here is any block that reads a windowed input and a seco
 """
 from __future__ import annotations
 
-import math
 from typing import List, Tuple
 
-from .func import FuncAnalysis
+from tvm_roller.analysis.func import FuncAnalysis
 
 
 def window_pairs(fa: FuncAnalysis) -> List[Tuple[int, int]]:
@@ -24,14 +23,6 @@ def window_pairs(fa: FuncAnalysis) -> List[Tuple[int, int]]:
             rd = [i for i, c in enumerate(d.coeffs) if c and fa.axes[i].kind == "R"]
             pairs += [(s, r) for s in sp for r in rd if (s, r) not in pairs]
     return pairs
-
-
-def operand_reuse(fa: FuncAnalysis) -> float:
-    """The most multiply-adds one element of any input feeds (iteration volume over the
-    input's footprint): 1 for a streamed row, K for a GEMM operand, H·W for a filter."""
-    full = tuple(a.extent for a in fa.axes)
-    volume = math.prod(full)
-    return max((volume / max(1, acc.footprint(full)) for acc in fa.reads), default=1.0)
 
 
 def is_convolution(fa: FuncAnalysis) -> bool:

@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
 from tvm.tirx.buffer import BufferType
 
-from ..errors import UnsupportedError
-from .access import Access, build_access
-from .visit import post_order_visit
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.analysis.access import Access, build_access
+from tvm_roller.analysis.visit import post_order_visit
 
 # Compute-bound (tiled, FMA) kernels need a float type; memory-bound kernels only move and compare
 # values, so masks and indices (bool / integer tensors, as Relax's attention masks) are fine there.
 # The CUDA backend adds float16 (tensor cores for compute-bound kernels).
 SUPPORTED_DTYPES = ("float32", "float64")
 _INT_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64")
-TILED_DTYPES = {"cpu": SUPPORTED_DTYPES, "cuda": ("float16",) + SUPPORTED_DTYPES}
-STREAMING_DTYPES = {b: d + _INT_DTYPES for b, d in TILED_DTYPES.items()}
 _SPATIAL, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
@@ -126,13 +124,13 @@ def _buffer_name(node) -> str:
     return str(getattr(buf, "name", buf))
 
 
-def analyze(func, backend: str = "cpu") -> FuncAnalysis:
-    """Analyse ``func`` (a PrimFunc or an IRModule holding one) for a backend ("cpu" or
-    "cuda", which differ in the dtypes they take); raise UnsupportedError if unfit."""
+def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysis:
+    """Analyse ``func`` (a PrimFunc or an IRModule holding one); raise UnsupportedError if
+    unfit. ``tiled_dtypes``: the float dtypes the backend's compute-bound kernels take (each
+    backend passes its own); streaming kernels take them and the integer and bool types too."""
     func = unwrap_func(func)
-    if backend not in TILED_DTYPES:
-        raise UnsupportedError(f"unknown backend {backend!r} (known: {', '.join(TILED_DTYPES)})")
-    tiled_dtypes = TILED_DTYPES[backend]
+    tiled_dtypes = tuple(tiled_dtypes)
+    streaming_dtypes = tiled_dtypes + _INT_DTYPES
     # In TVM 0.27 every parameter is a tirx.Var (tirx.Buffer is Var): buffers are the Vars whose
     # type is a BufferType, scalars have a PrimType (and no usable .shape).
     buffers = [p for p in func.params if _is_buffer(p)]
@@ -153,9 +151,9 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
         if not _is_buffer(p):
             raise UnsupportedError(f"parameter {p} is not a buffer (scalar parameters unsupported)")
     for buf in buffers:
-        if str(buf.dtype) not in STREAMING_DTYPES[backend]:
+        if str(buf.dtype) not in streaming_dtypes:
             raise UnsupportedError(
-                f"dtype {buf.dtype} of {buf.name} is not handled by the {backend} backend "
+                f"dtype {buf.dtype} of {buf.name} is not handled by this backend "
                 f"(supported: {', '.join(tiled_dtypes)}; integer and bool tensors in "
                 "memory-bound kernels)")
 
@@ -232,6 +230,15 @@ def analyze(func, backend: str = "cpu") -> FuncAnalysis:
     return fa
 
 
+def operand_reuse(fa: FuncAnalysis) -> float:
+    """The most multiply-adds one element of any input feeds (iteration volume over the
+    input's footprint): 1 for a streamed row, K for a GEMM operand, H·W for a filter."""
+    full = tuple(a.extent for a in fa.axes)
+    volume = math.prod(full)
+    return max((volume / max(1, acc.footprint(full)) for acc in fa.reads), default=1.0)
+
+
+
 # -- classification by reuse (convolutions with few output channels) -------------------------------
 # an input element feeding at least this many multiply-adds makes a register tile pay even when
 # the vector axis is shorter than 4 (a 3-channel output conv: its filter is reused H*W times)
@@ -239,8 +246,6 @@ _MIN_REUSE = 4
 
 
 def _reuse_tiled(fa: FuncAnalysis, tiled_dtypes) -> bool:
-    from .conv import operand_reuse
-
     return fa.dtype in tiled_dtypes and operand_reuse(fa) >= _MIN_REUSE
 # -- end classification by reuse ------------------------------------------------------------------
 

@@ -4,8 +4,8 @@
 (with the model's prediction and its terms), ``report`` computes rank correlations, top-1 regret and
 top-k recall per workload, cross-validates an XGBoost regressor by workload, and draws the plots.
 """
-from .dataset import Candidate, measure_workloads
-from .report import build_report
-from .sample import random_tiles
+from tvm_roller.costcheck.dataset import Candidate, measure_workloads
+from tvm_roller.costcheck.report import build_report
+from tvm_roller.costcheck.sample import random_tiles
 
 __all__ = ["Candidate", "measure_workloads", "build_report", "random_tiles"]

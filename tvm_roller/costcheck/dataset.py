@@ -10,10 +10,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..analysis import FuncAnalysis
-from ..hardware import DeviceModel
-from ..perf_model import accumulator_registers, input_bytes, num_tiles, output_bytes, register_loads
-from ..rtile import RTile
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, num_tiles, output_bytes, register_loads
+from tvm_roller.core.rtile import RTile
 
 
 @dataclass
@@ -78,11 +78,12 @@ def measure_workloads(ops: Optional[Sequence[str]], target=None, n_top: int = 10
     Returns the candidates and the metadata (machine, target, device model, settings)."""
     import tvm
 
-    from ..api import apply, plan, resolve_target
-    from .sample import random_tiles
-    from ..suite import workloads
+    from tvm_roller.backends.registry import host_target
+    from tvm_roller.api import apply, plan, resolve_target
+    from tvm_roller.costcheck.sample import random_tiles
+    from tvm_roller.suite import workloads
 
-    tgt, dev, _ = resolve_target(target if target is not None else "llvm", device)
+    tgt, dev, _ = resolve_target(target if target is not None else host_target(), device)
     out: List[Candidate] = []
     for cls, idx in workloads.list_workloads(ops):
         name = workloads.workload_name(cls, idx)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .dataset import Candidate
+from tvm_roller.costcheck.dataset import Candidate
 
 TOPK_RECALL = 5
 MIN_CANDIDATES = 3  # fewer candidates cannot be ranked meaningfully

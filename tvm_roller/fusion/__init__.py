@@ -4,7 +4,7 @@
 then ``plan_chain(chain, device)`` chooses the fused block order and tiles and decides whether
 fusing beats running the ops one after the other.
 """
-from .movement import (FUSE_THRESHOLD, Chain, ChainPlan, Loop, Op, TensorUse, conv_chain,
+from tvm_roller.fusion.movement import (FUSE_THRESHOLD, Chain, ChainPlan, Loop, Op, TensorUse, conv_chain,
                        data_movement, format_plan, gemm_chain, memory_usage, mlp_chain, plan_chain,
                        tile_candidates)
 

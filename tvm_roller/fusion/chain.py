@@ -16,10 +16,10 @@ from typing import List, Optional
 
 from tvm import s_tir
 
-from ..analysis import unwrap_func
-from ..analysis.access import build_access
-from ..errors import UnsupportedError
-from ..lower.common import SCHEDULE_ERRORS
+from tvm_roller.analysis import unwrap_func
+from tvm_roller.analysis.access import build_access
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.analysis.schedule import SCHEDULE_ERRORS
 
 
 @dataclass

@@ -55,7 +55,7 @@ and columns, and strides are not modelled); the window loops ``r, s`` are ``unti
 Memory levels and bandwidths (the convention)
 ---------------------------------------------
 ``dev`` is a :class:`tvm_roller.hardware.DeviceModel` (only duck-typed: ``levels``,
-``num_units``, ``peak_per_unit``, ``extra``; capacities and bandwidths of private levels are per
+``num_units``, ``peak_per_unit``, ``cpu.dram_gbs_single_core``; capacities and bandwidths of private levels are per
 core, shared levels are whole-chip). With levels fastest first:
 
 * **tile level** ``T``: the largest private level (``L2`` on a CPU, ``SMEM`` on a GPU). The fused
@@ -129,7 +129,7 @@ __all__ = [
 
 FUSE_THRESHOLD = 0.95  # fuse only when fused time < FUSE_THRESHOLD * unfused time
 MAX_PADDING_WASTE = 0.10
-_CPU_FILL = 0.5  # of a cache the tiles may use (tvm_roller.policy uses the same for L1/L2)
+_CPU_FILL = 0.5  # of a cache the tiles may use (tvm_roller.backends.cpu.policy uses the same for L1/L2)
 _GPU_FILL = 1.0  # shared memory is managed explicitly
 _GRID_BUDGET = 1_500_000  # tile combinations x orders evaluated per search before thinning
 _MIN_GRID = 4096
@@ -666,7 +666,8 @@ def _core_bw(dev, idx: int, busy: Any) -> Any:
         return total + 0 * busy
     single = None
     if idx == len(dev.levels) - 1:
-        single = (getattr(dev, "extra", None) or {}).get("dram_gbs_single_core")
+        traits = getattr(dev, "cpu", None)  # a GPU model has none
+        single = traits.dram_gbs_single_core if traits is not None else None
     single = single * 1e9 if single else total / max(1, dev.num_units)
     return np.minimum(single, total / np.maximum(busy, 1))
 

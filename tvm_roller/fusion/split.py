@@ -19,10 +19,10 @@ from typing import Callable, Dict, List, Sequence
 import tvm
 from tvm import s_tir, tirx
 
-from ..analysis import unwrap_func
-from ..analysis.visit import post_order_visit
-from ..errors import UnsupportedError
-from .chain import GemmChain
+from tvm_roller.analysis import unwrap_func
+from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.fusion.chain import GemmChain
 
 logger = logging.getLogger("tvm_roller")
 

@@ -68,3 +68,18 @@ def conv_chain(n: int, h: int, w: int, c_in: int, c_mid: int, c_out: int, kernel
         y = te.compute(y.shape, lambda *i: te.max(y[i], te.const(0, dtype)), name="S")
     z = topi.nn.conv2d_nhwc(y, w2, 1, 0, 1, out_dtype=dtype)
     return te.create_prim_func([data, w1, w2, z]).with_attr("global_symbol", "main")
+
+
+# The chains BENCHMARKS.md measures (python/bench_fusion.py, python/measure_traffic.py)
+CHAINS = [  # name, batch, m, k, l, n, middle
+    ("attention 12x512 (no softmax)", [12], 512, 64, 512, 64, "none"),
+    ("attention 12x512 softmax", [12], 512, 64, 512, 64, "softmax"),
+    ("attention 12x128 softmax", [12], 128, 64, 128, 64, "softmax"),
+    ("MLP 128x768->3072->768 GELU", None, 128, 768, 3072, 768, "gelu"),
+    ("MLP 128x768->3072->768 ReLU", None, 128, 768, 3072, 768, "relu"),
+]
+CONV_CHAINS = [  # name, (n, h, w, c_in, c_mid, c_out): 3x3 conv, ReLU, 1x1 conv, NHWC
+    ("conv 3x3 -> 1x1, 1x56x56x64 -> 64 -> 64", (1, 56, 56, 64, 64, 64)),
+    ("conv 3x3 -> 1x1, 4x56x56x64 -> 64 -> 256", (4, 56, 56, 64, 64, 256)),
+    ("conv 3x3 -> 1x1, 1x112x112x32 -> 64 -> 32", (1, 112, 112, 32, 64, 32)),
+]

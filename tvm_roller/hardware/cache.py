@@ -4,7 +4,9 @@ Layout: ``<cache_dir()>/calibration/<key>.json`` holding ``{"format": 1, "key": 
 The directory is ``$TVM_ROLLER_CACHE`` or ``~/.cache/tvm-roller``. Files are written atomically
 (temporary file in the same directory + ``os.replace``) so a reader never sees half a file from a
 concurrent writer; a file that is nevertheless unreadable (truncated, hand-edited, older format)
-is ignored with a warning so the caller falls back to estimated numbers.
+is ignored with a warning so the caller falls back to estimated numbers. Files written before
+``DeviceModel`` had typed traits (a flat ``"extra"`` dict in the model) still load: ``from_json``
+maps that dict onto ``DeviceModel.cpu``.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .model import DeviceModel
+from tvm_roller.hardware.model import DeviceModel
 
 CACHE_ENV = "TVM_ROLLER_CACHE"
 _FORMAT = 1

@@ -22,14 +22,15 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..errors import UnsupportedError
-from . import cache as _cache
-from .cpu import TargetLike, _arch, plain, detect_isa, from_target, host_cpu, \
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import cache as _cache
+from tvm_roller.hardware.cpu import TargetLike, _arch, plain, detect_isa, from_target, host_cpu, \
     host_physical_cores, host_triple, normalize_target, target_mattr
-from .model import DeviceModel, MemoryLevel
+from tvm_roller.hardware.model import DeviceModel, MemoryLevel
 
 _MARK = "TVM_ROLLER_CALIBRATION_RESULT "
 # ISA features a calibration target may use only if the host has them (else: SIGILL).
@@ -272,23 +273,23 @@ def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
     peak_gflops = {dt: round(v * scale, 3) for dt, v in est.peak_gflops.items()}
     peak_gflops["float32"] = round(fp32, 3)
 
-    extra = dict(est.extra)
-    extra.update({
-        "estimated_peak_float32": est.peak_gflops["float32"],
-        "calibration_seconds": round(wall, 2),
-        "calibration_threads": float(res["threads"]),
-        "calibration_quick": float(quick),
-        "calibration_foreign_cpu_share": round(foreign, 3),
-        "peak_tile_rows": float(peak["tile"][0]),
-        "peak_tile_cols": float(peak["tile"][1]),
-    })
+    traits = replace(
+        est.cpu,
+        estimated_peak_float32=est.peak_gflops["float32"],
+        calibration_seconds=round(wall, 2),
+        calibration_threads=int(res["threads"]),
+        calibration_quick=bool(quick),
+        calibration_foreign_cpu_share=round(foreign, 3),
+        peak_tile_rows=int(peak["tile"][0]),
+        peak_tile_cols=int(peak["tile"][1]),
+    )
     mcpu = str(spec.get("mcpu"))
     key = _cache.calibration_key(host_cpu(), mcpu, cores, target_mattr(spec))
     model = DeviceModel(
         name=f"{mcpu} x{cores} (host, calibrated)", kind="cpu", num_units=cores,
         simd_bytes=est.simd_bytes, num_vector_registers=est.num_vector_registers, levels=levels,
         peak_gflops=peak_gflops, frequency_ghz=est.frequency_ghz, isa=est.isa,
-        source=f"calibrated:{_cache.calibration_path(key)}", extra=extra)
+        source=f"calibrated:{_cache.calibration_path(key)}", cpu=traits)
     if save:
         model.source = f"calibrated:{_cache.save_calibration(key, model)}"
     return model

@@ -12,18 +12,19 @@ import json
 import os
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from tvm.target import Target
 from tvm.target import codegen as _cg
 
-from ..errors import UnsupportedError
-from . import cache as _cache
-from .model import DeviceModel, MemoryLevel
-from .presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import cache as _cache
+from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware.model import DeviceModel, MemoryLevel
+from tvm_roller.hardware.presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
 
-TargetLike = Union[Target, Dict[str, Any], str]
 
 # Paths are module attributes so tests (and odd hosts) can point them elsewhere.
 SYS_CPU = Path("/sys/devices/system/cpu")
@@ -369,7 +370,7 @@ def _base_preset(isa: str) -> DeviceModel:
     # one add pipe per cycle count as one "FMA unit" (2 flops per lane per cycle).
     m = preset("x86-avx2")
     m.simd_bytes, m.isa, m.source = 16, "sse", "preset:x86-avx2 (as sse)"
-    m.extra["fma_units"] = 1.0
+    m.cpu = replace(m.cpu, fma_units=1.0)
     return m
 
 
@@ -407,7 +408,7 @@ def from_target(target: TargetLike, use_cache: bool = True, *,
         if cached is not None:
             return cached
 
-    fma_units = float(_FMA_UNITS.get((mcpu, isa), base.extra.get("fma_units", 2.0)))
+    fma_units = float(_FMA_UNITS.get((mcpu, isa), base.cpu.fma_units))
     freq = (host_frequency_ghz() if host else None) or base.frequency_ghz
     simd = _SIMD[isa]
     sys_levels = host_cache_levels() if host else None
@@ -418,7 +419,9 @@ def from_target(target: TargetLike, use_cache: bool = True, *,
         # Per-core bytes/cycle of a cache level is a microarchitecture trait: scale by clock, and by
         # the core count for shared levels (aggregate). DRAM: a per-core ceiling capped by the socket.
         if name == "DRAM":
-            single = base.extra.get("dram_gbs_single_core", base.dram.bandwidth_gbs / base.num_units)
+            single = base.cpu.dram_gbs_single_core
+            if single is None:
+                single = base.dram.bandwidth_gbs / base.num_units
             return round(min(base.dram.bandwidth_gbs, single * cores), 3)
         ref = next((l for l in base.levels if l.name == name),
                    base.levels[-2] if shared else base.levels[0])
@@ -439,8 +442,6 @@ def from_target(target: TargetLike, use_cache: bool = True, *,
     dtypes = ["float32", "float64"]
     if "avx512fp16" in feats or "fullfp16" in feats or (not feats and "float16" in base.peak_gflops):
         dtypes.append("float16")
-    extra = dict(base.extra)
-    extra["fma_units"] = fma_units
     return DeviceModel(
         name=f"{mcpu} x{cores}" + (" (host)" if host else ""),
         kind="cpu",
@@ -452,5 +453,5 @@ def from_target(target: TargetLike, use_cache: bool = True, *,
         frequency_ghz=round(freq, 4),
         isa=isa,
         source=f"estimated: {where}",
-        extra=extra,
+        cpu=replace(base.cpu, fma_units=fma_units),
     )

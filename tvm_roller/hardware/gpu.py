@@ -6,8 +6,9 @@ A GPU ``DeviceModel`` uses the same plain dataclass as a CPU one:
   * ``simd_bytes`` is warp_size x 4 B and ``num_vector_registers`` the registers one thread may use;
   * ``peak_gflops`` has ``float32`` and ``float16`` (CUDA cores) and ``float16_tc`` (dense tensor
     cores, fp16 inputs with fp32 accumulation);
-  * ``extra`` holds the limits the policy and the checks read (see ``GPU_LIMIT_KEYS``), the
-    compute capability as two numbers (``cc_major``, ``cc_minor``), never as a string.
+  * ``gpu`` (a frozen ``GpuTraits``) holds the limits the policy and the checks read (see
+    ``GPU_LIMIT_KEYS``), the compute capability as two ints (``cc_major``, ``cc_minor``), never
+    as a string.
 
 Compute capabilities are parsed from ``arch`` ("sm_90a" -> 9.0 with the "a" feature suffix) and
 compared as numbers. A target whose capability has no preset is refused with the list of known
@@ -21,10 +22,11 @@ from typing import Dict, Optional, Tuple
 
 from tvm.target import Target
 
-from ..errors import UnsupportedError
-from .model import DeviceModel, MemoryLevel
-from .presets import GiB, KiB, MiB, preset, register_preset
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware.model import DeviceModel, GpuTraits, MemoryLevel
+from tvm_roller.hardware.presets import GiB, KiB, MiB, preset, register_preset
 
+# the fields of GpuTraits
 GPU_LIMIT_KEYS = (
     "cc_major", "cc_minor", "warp_size", "max_threads_per_block", "max_threads_per_sm",
     "max_blocks_per_sm", "regs_per_sm", "regs_per_block", "max_regs_per_thread",
@@ -62,7 +64,7 @@ class ComputeCapability:
 
 
 def compute_capability(dev: DeviceModel) -> ComputeCapability:
-    return ComputeCapability(int(dev.extra["cc_major"]), int(dev.extra["cc_minor"]))
+    return ComputeCapability(dev.gpu.cc_major, dev.gpu.cc_minor)
 
 
 def _gpu(key: str, name: str, cc: Tuple[int, int], sms: int, boost_ghz: float,
@@ -84,16 +86,16 @@ def _gpu(key: str, name: str, cc: Tuple[int, int], sms: int, boost_ghz: float,
         peak_gflops={"float32": fp32_tf * 1e3, "float16": fp16_tf * 1e3,
                      "float16_tc": tc_fp16_tf * 1e3},
         frequency_ghz=boost_ghz, isa=f"sm_{cc[0]}{cc[1]}", source=f"preset:{key}",
-        extra={
-            "cc_major": cc[0], "cc_minor": cc[1], "warp_size": 32,
-            "max_threads_per_block": 1024, "max_threads_per_sm": max_threads_per_sm,
-            "max_blocks_per_sm": max_blocks_per_sm, "regs_per_sm": 65536,
-            "regs_per_block": 65536, "max_regs_per_thread": 255,
-            "smem_per_block": 48 * KiB,  # static __shared__ limit; more needs dynamic + opt-in
-            "smem_per_block_optin": smem_optin_bytes, "smem_per_sm": smem_per_sm_kib * KiB,
-            "smem_banks": 32, "bank_bytes": 4, "transaction_bytes": 32, "l2_line_bytes": 128,
-            "boost_ghz": boost_ghz,
-        },
+        gpu=GpuTraits(
+            cc_major=cc[0], cc_minor=cc[1], warp_size=32,
+            max_threads_per_block=1024, max_threads_per_sm=max_threads_per_sm,
+            max_blocks_per_sm=max_blocks_per_sm, regs_per_sm=65536,
+            regs_per_block=65536, max_regs_per_thread=255,
+            smem_per_block=48 * KiB,  # static __shared__ limit; more needs dynamic + opt-in
+            smem_per_block_optin=smem_optin_bytes, smem_per_sm=smem_per_sm_kib * KiB,
+            smem_banks=32, bank_bytes=4, transaction_bytes=32, l2_line_bytes=128,
+            boost_ghz=boost_ghz,
+        ),
     )
 
 
@@ -201,14 +203,14 @@ def check_target_device(target: Target, dev: DeviceModel) -> Optional[str]:
 
 def smem_limit(dev: DeviceModel, dynamic: bool = True) -> int:
     """Shared memory one block may use: the opt-in maximum with dynamic shared memory."""
-    return int(dev.extra["smem_per_block_optin" if dynamic else "smem_per_block"])
+    return dev.gpu.smem_per_block_optin if dynamic else dev.gpu.smem_per_block
 
 
 def verify_constraints(dev: DeviceModel, dynamic_smem: bool = True) -> Dict[str, int]:
     """Constraints for ``tvm.s_tir.analysis.verify_gpu_code`` from the model's limits."""
     return {
         "max_shared_memory_per_block": smem_limit(dev, dynamic_smem),
-        "max_threads_per_block": int(dev.extra["max_threads_per_block"]),
+        "max_threads_per_block": dev.gpu.max_threads_per_block,
         "max_thread_x": 1024, "max_thread_y": 1024, "max_thread_z": 64,
         "max_vector_bytes": 16,
     }

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List
 
-from ..errors import UnsupportedError
-from .model import DeviceModel, MemoryLevel
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware.model import CpuTraits, DeviceModel, MemoryLevel
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -72,7 +72,7 @@ def _cpu(key: str, name: str, isa: str, cores: int, ghz: float, fma: int, simd: 
         name=name, kind="cpu", num_units=cores, simd_bytes=simd, num_vector_registers=vregs,
         levels=levels, peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, dtypes),
         frequency_ghz=ghz, isa=isa, source=f"preset:{key}",
-        extra={"fma_units": float(fma), "dram_gbs_single_core": dram_gbs_single_core},
+        cpu=CpuTraits(fma_units=float(fma), dram_gbs_single_core=dram_gbs_single_core),
     )
 
 

@@ -17,11 +17,11 @@ __all__ = ["run_suite", "list_workloads", "create"]
 def __getattr__(name: str) -> Any:
     # Lazy re-exports: keep the CLI's --help fast and avoid import cycles with tvm_roller.
     if name == "run_suite":
-        from .runner import run_suite
+        from tvm_roller.suite.runner import run_suite
 
         return run_suite
     if name in ("list_workloads", "create"):
-        from . import workloads
+        from tvm_roller.suite import workloads
 
         return getattr(workloads, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from . import workloads
+from tvm_roller.suite import workloads
 
 if TYPE_CHECKING:  # pragma: no cover
     import tvm

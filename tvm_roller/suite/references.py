@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import workloads
+from tvm_roller.suite import workloads
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

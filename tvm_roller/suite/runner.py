@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from . import baselines, references, workloads
+from tvm_roller.suite import baselines, references, workloads
 
 if TYPE_CHECKING:  # pragma: no cover
     import tvm

@@ -16,7 +16,7 @@ import re
 
 import tvm
 
-from ..errors import UnsupportedError
+from tvm_roller.core.errors import UnsupportedError
 
 _THREAD_LOOP = re.compile(r'T\.thread_binding\(((?:[^(),]|\([^()]*\))+),\s*thread="[^"]+"')
 _GPU_SCOPE = re.compile(r'scope="(shared|shared\.dyn|local|warp)"')

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import List
 
-from ..hardware import DeviceModel
-from ..policy import L2_FILL
-from .chain import GemmChain
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.backends.cpu.policy import L2_FILL
+from tvm_roller.fusion.chain import GemmChain
 
 
 def describe_loops(chain: GemmChain):
@@ -20,7 +20,7 @@ def describe_loops(chain: GemmChain):
     loop). A convolution chain (NHWC, rows: the output's w) is described as one, its input
     indexed by the output's h and w: read as a GEMM its K = kh x kw x C_in would count each
     input element kh x kw times."""
-    from . import movement
+    from tvm_roller.fusion import movement
 
     if chain.producers and len(chain.window) == 3 and len(chain.batch) == 2:
         kh, kw, c_in = chain.window
@@ -38,7 +38,7 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     objective): a roofline with the compute term at the device's peak calls both versions
     compute-bound and hides the intermediate's round trip, which measurements show is what the
     unfused operators pay (BENCHMARKS.md, GEMM chains)."""
-    from . import movement
+    from tvm_roller.fusion import movement
 
     def describe_chain(whole_rows: bool):
         desc, _, cols = describe_loops(chain)
@@ -55,7 +55,7 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
             setattr(plan, name, getattr(alone, name))
     decide(plan, dev, chain.intermediate_bytes, chain.row_reduction)
     if plan.fuse:
-        from .lower_cpu import degenerate_tiles
+        from tvm_roller.backends.cpu.chain_lower import degenerate_tiles
 
         why = degenerate_tiles(chain, rows_per_task(chain, plan, dev),
                                dev.simd_lanes(chain.dtype))
@@ -111,26 +111,8 @@ def rows_per_task(chain: GemmChain, plan, dev: DeviceModel) -> int:
     return rows
 
 
-def describe(chain: GemmChain, plan) -> List[str]:
-    """Lines for ``tvm_roller.explain``."""
-    from . import movement
+def describe(plan) -> List[str]:
+    """The movement model's plan as lines for ``tvm_roller.explain``."""
+    from tvm_roller.fusion import movement
 
-    mid = " -> ".join(chain.between) if chain.between else "nothing"
-    lines = [f"GEMM chain: {chain.first} ({chain.m}x{chain.k} . {chain.k}x{chain.l}) -> {mid} -> "
-             f"{chain.second} (. {chain.l}x{chain.n}), batch {chain.batch or [1]}; intermediate "
-             f"{chain.intermediate_bytes / 2**20:.2f} MiB",
-             f"decision: {'fused' if plan.fuse else 'not fused (operators one by one)'}: "
-             f"{plan.reason}"]
-    from .lower_cuda import CudaChainPlan
-
-    if isinstance(plan, CudaChainPlan):  # the fused CUDA kernel's plan
-        lines.append(f"  fused kernel: {plan.rows} rows per thread block, {plan.blocks} blocks "
-                     f"of {plan.threads} threads, register tiles {plan.thread_tile} and "
-                     f"{plan.thread_tile2}, {plan.smem_bytes} B of shared memory "
-                     f"({plan.smem_limit_bytes} B per block)")
-        lines.append(f"  predicted traffic into shared memory: fused "
-                     f"{plan.traffic_fused / 2**20:.1f} MiB, unfused "
-                     f"{plan.traffic_unfused / 2**20:.1f} MiB")
-        return lines
-    lines += ["  " + line for line in movement.format_plan(plan).splitlines()]
-    return lines
+    return ["  " + line for line in movement.format_plan(plan).splitlines()]

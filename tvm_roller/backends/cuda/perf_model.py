@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from typing import Dict, Sequence
 
-from .analysis import FuncAnalysis
-from .hardware import DeviceModel
-from .hardware.model import DTYPE_BYTES
-from .perf_model import input_bytes, num_tiles, output_bytes, register_loads
-from .rtile import RTile, ceil_div
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
+from tvm_roller.analysis.traffic import input_bytes, num_tiles, output_bytes, register_loads
+from tvm_roller.core.estimate import finish
+from tvm_roller.core.rtile import RTile, ceil_div
 
 LAUNCH_S = 3e-6  # kernel launch and tail
 # thread-FMAs in flight per SM that saturate its 4 x 32 FP32 lanes (about 4-cycle latency,
@@ -33,13 +34,13 @@ def estimated_registers(fa: FuncAnalysis, reg: Sequence[int], tensor_core: bool 
 
 
 def blocks_per_sm(dev: DeviceModel, threads: int, regs: int, smem: int) -> int:
-    x = dev.extra
-    by_threads = int(x["max_threads_per_sm"]) // max(1, threads)
+    g = dev.gpu
+    by_threads = g.max_threads_per_sm // max(1, threads)
     # registers are allocated per warp in units of 256
-    regs_warp = ceil_div(regs * 32, 256) * 256
-    by_regs = int(x["regs_per_sm"]) // max(1, regs_warp * ceil_div(threads, 32))
-    by_smem = int(x["smem_per_sm"]) // smem if smem > 0 else 1 << 30
-    return max(0, min(int(x["max_blocks_per_sm"]), by_threads, by_regs, by_smem))
+    regs_warp = ceil_div(regs * g.warp_size, 256) * 256
+    by_regs = g.regs_per_sm // max(1, regs_warp * ceil_div(threads, g.warp_size))
+    by_smem = g.smem_per_sm // smem if smem > 0 else 1 << 30
+    return max(0, min(g.max_blocks_per_sm, by_threads, by_regs, by_smem))
 
 
 def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
@@ -62,7 +63,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     flops_block = 2.0 * padded
     if t.tensor_core:
         peak_sm = dev.peak_gflops["float16_tc"] * 1e9 / sms
-        warps = per_sm * t.threads // 32
+        warps = per_sm * t.threads // dev.gpu.warp_size
         eff = min(1.0, warps / 8)  # 4 sub-cores, two warps each keep the tensor pipes busy
     else:
         peak_sm = dev.peak_gflops.get(fa.dtype, dev.peak_gflops["float32"]) * 1e9 / sms
@@ -72,7 +73,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     # shared memory: every thread reads its register tile's operands each reduction step
     smem_bw = dev.levels[0].bandwidth_gbs * 1e9
     if t.tensor_core:  # fragments: each warp loads its A and B panels once per k step
-        smem_block = input_bytes(fa, t.reg) * (t.threads // 32) * chunks * \
+        smem_block = input_bytes(fa, t.reg) * (t.threads // dev.gpu.warp_size) * chunks * \
             (t.l1[fa.reduction[-1]] // max(1, t.reg[fa.reduction[-1]]))
     else:
         smem_block = t.threads * register_loads(fa, t.reg, 1) * red_total * in_elem
@@ -100,9 +101,4 @@ def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved:
 
 
 def _finish(t: RTile, terms: Dict[str, float], blocks: int) -> RTile:
-    bound = max(terms, key=terms.get)
-    t.terms = {k: float(f"{v:.4g}") for k, v in terms.items()}
-    t.bound = bound
-    t.predicted_s = terms[bound] + LAUNCH_S
-    t.num_tasks = blocks
-    return t
+    return finish(t, terms, LAUNCH_S, blocks)

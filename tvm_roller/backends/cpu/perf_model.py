@@ -6,48 +6,18 @@ the prediction is the largest term of the busiest core, and the rTile records wh
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence
+from typing import Dict
 
-from .analysis import FuncAnalysis
-from .hardware import DeviceModel
-from .hardware.model import DTYPE_BYTES
-from .rtile import RTile, ceil_div
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
+from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
+                                         output_bytes, register_loads)
+from tvm_roller.core.estimate import finish
+from tvm_roller.core.rtile import RTile, ceil_div
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
 _LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
-
-
-def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
-    return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.reads)
-
-
-def output_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
-    return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.writes)
-
-
-def num_tiles(fa: FuncAnalysis, tile: Sequence[int], axes: Sequence[int] = None) -> int:
-    axes = range(len(fa.axes)) if axes is None else axes
-    return math.prod(ceil_div(fa.axes[i].extent, tile[i]) for i in axes)
-
-
-def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
-    """Load instructions per reduction step of the register tile (vector loads + broadcasts)."""
-    v = fa.vector_axis
-    n = 0
-    for acc in fa.reads:
-        f = acc.footprint(tuple(reg))
-        # vector loads along the vector axis; also a depthwise window's ``ff + rc`` (the axis
-        # steps the last dimension by one, with a reduction offset)
-        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
-        n += ceil_div(f, lanes) if vec else f
-    return n
-
-
-def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
-    v = fa.vector_axis
-    if v is None:
-        return math.prod(reg)
-    return math.prod(r for i, r in enumerate(reg) if i != v) * ceil_div(reg[v], lanes)
 
 
 def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
@@ -66,9 +36,9 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
                    for i, a in enumerate(fa.axes))
     n_acc = accumulator_registers(fa, reg, lanes)
     loads = register_loads(fa, reg, lanes)
-    chains = dev.extra.get("fma_chains", 8.0)  # independent FMAs in flight to hide latency
-    fma_per_cycle = dev.extra.get("fma_per_cycle", 1.0)
-    load_per_cycle = dev.extra.get("loads_per_cycle", 2.0)
+    chains = dev.cpu.fma_chains  # independent FMAs in flight to hide latency
+    fma_per_cycle = dev.cpu.fma_per_cycle
+    load_per_cycle = dev.cpu.loads_per_cycle
     eff_latency = min(1.0, n_acc / chains)
     eff_load = min(1.0, (n_acc / fma_per_cycle) / max(loads / load_per_cycle, 1e-9))
     v = fa.vector_axis
@@ -101,12 +71,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
         outer.name: bytes_l3 / (outer.bandwidth_gbs * 1e9 * (1 if outer.shared else busy)),
         "DRAM-once": unique / (dev.dram.bandwidth_gbs * 1e9),
     }
-    bound = max(terms, key=terms.get)
-    t.terms = {k: float(f"{v:.4g}") for k, v in terms.items()}
-    t.bound = bound
-    t.predicted_s = terms[bound] + _LAUNCH_OVERHEAD_S + _TASK_OVERHEAD_S * waves
-    t.num_tasks = tasks
-    return t
+    return finish(t, terms, _LAUNCH_OVERHEAD_S + _TASK_OVERHEAD_S * waves, tasks)
 
 
 def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved: int,
@@ -121,8 +86,4 @@ def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved:
         src.name: bytes_moved / bw,
         "compute": flops / (dev.peak_per_unit(fa.dtype) * 1e9 * cores * eff_simd),
     }
-    bound = max(terms, key=terms.get)
-    t.terms = {k: float(f"{v:.4g}") for k, v in terms.items()}
-    t.bound = bound
-    t.predicted_s = terms[bound] + _LAUNCH_OVERHEAD_S
-    return t
+    return finish(t, terms, _LAUNCH_OVERHEAD_S)

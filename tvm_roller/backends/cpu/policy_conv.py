@@ -29,10 +29,11 @@ import itertools
 import math
 from typing import List
 
-from .analysis import FuncAnalysis
-from .hardware import DeviceModel
-from .perf_model import accumulator_registers, predict_tiled, register_loads
-from .rtile import RTile, ceil_div, padding_waste
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.analysis.traffic import accumulator_registers, register_loads
+from tvm_roller.backends.cpu.perf_model import predict_tiled
+from tvm_roller.core.rtile import RTile, ceil_div, padding_waste
 
 _REG_LIMIT = 32  # largest register-tile size along a non-vector axis (the register file
 # bounds it anyway)
@@ -99,9 +100,9 @@ def _contiguity(fa: FuncAnalysis, axis: int) -> int:
 def register_tile(fa: FuncAnalysis, dev: DeviceModel, lanes: int) -> List[int]:
     v = fa.vector_axis
     nregs = dev.num_vector_registers
-    chains = dev.extra.get("fma_chains", 8.0)
-    fma_per_cycle = dev.extra.get("fma_per_cycle", 1.0)
-    load_per_cycle = dev.extra.get("loads_per_cycle", 2.0)
+    chains = dev.cpu.fma_chains
+    fma_per_cycle = dev.cpu.fma_per_cycle
+    load_per_cycle = dev.cpu.loads_per_cycle
     options = []
     for i, a in enumerate(fa.axes):
         if a.kind == "R" or a.extent == 1:
@@ -187,7 +188,7 @@ def vector_width(extent: int, lanes: int) -> int:
 
 
 def construct_conv(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
-    from .policy import construct_tiled
+    from tvm_roller.backends.cpu.policy import construct_tiled
 
     v = fa.vector_axis
     lanes = vector_width(fa.axes[v].extent, dev.simd_lanes(fa.dtype))

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import tvm
 from tvm import relax, s_tir
 
-from ..analysis.visit import post_order_visit
+from tvm_roller.analysis.visit import post_order_visit
 
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 
@@ -144,14 +144,6 @@ def chain_shape(first, second) -> Optional[Tuple[List[int], int, int, int, int, 
 _ROW_REDUCTIONS = {"relax.nn.softmax", "relax.nn.log_softmax", "relax.max", "relax.min",
                    "relax.sum", "relax.mean", "relax.nn.layer_norm", "relax.nn.rms_norm",
                    "tir:reduction"}
-# what the fused CUDA kernel takes between the matmuls: elementwise ops on the rows and one
-# softmax (a reshape or a mask built from the scores changes the rows it holds); a PrimFunc
-# called in between (FastMathTransform's fast_softmax) is checked when the kernel is built
-_CUDA_STAGES = {"relax.nn.softmax", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
-                "relax.nn.silu", "relax.add", "relax.subtract", "relax.multiply",
-                "relax.divide", "relax.exp", "relax.tanh", "relax.sigmoid", "identity",
-                "tir:reduction", "tir:elementwise"}
-
 
 def _tir_kind(func) -> str:
     kinds = set()
@@ -181,11 +173,6 @@ def stage_kinds(mod: tvm.IRModule, region) -> List[str]:
 def reduces_rows(kinds: List[str]) -> bool:
     """Whether a stage reduces rows (a softmax, a norm)."""
     return any(k in _ROW_REDUCTIONS for k in kinds)
-
-
-def cuda_stages_refused(kinds: List[str]) -> List[str]:
-    """The stages the fused CUDA kernel does not take (none: it can be fused)."""
-    return sorted({k for k in kinds if k not in _CUDA_STAGES})
 
 
 def group_gemm_chains(mod: tvm.IRModule, func_name: str = "main",

@@ -10,14 +10,16 @@ are ranked by the micro-model; the whole construction is deterministic.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from .analysis import FuncAnalysis
-from .hardware import DeviceModel
-from .hardware.model import DTYPE_BYTES
-from .perf_model import (accumulator_registers, input_bytes, num_tiles, output_bytes,
-                         predict_streaming, predict_tiled, register_loads)
-from .rtile import RTile, aligned_steps, ceil_div, padding_waste
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
+from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
+                                         output_bytes, param_bytes, register_loads)
+from tvm_roller.backends.cpu.perf_model import predict_streaming, predict_tiled
+from tvm_roller.core.growth import grow_by_reuse
+from tvm_roller.core.rtile import RTile, aligned_steps, ceil_div, padding_waste
 
 Tile = Tuple[int, ...]
 L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines
@@ -31,37 +33,6 @@ L2_FILL = 0.5
 # Cache (L1/L2/task) tiles divide the padded extent. See BENCHMARKS.md "Irregular extents".
 PAD_EPS = 0.10
 REG_PAD_EPS = PAD_EPS
-
-
-def _grow(start: Tile, steps: List[List[int]], cost_q: Callable[[Tile], float],
-          cost_f: Callable[[Tile], float], fits: Callable[[Tile], bool]) -> List[Tile]:
-    """Greedy scale-up by reuse score; returns the path of eligible tiles (start first)."""
-    path = [start]
-    cur = start
-    while True:
-        q0, f0 = cost_q(cur), cost_f(cur)
-        best, best_score = None, None
-        for i, cand_sizes in enumerate(steps):
-            bigger = [s for s in cand_sizes if s > cur[i]]
-            if not bigger:
-                continue
-            nxt = list(cur)
-            nxt[i] = bigger[0]
-            nxt = tuple(nxt)
-            if not fits(nxt):
-                continue
-            dq = q0 - cost_q(nxt)
-            df = cost_f(nxt) - f0
-            score = dq / df if df > 0 else (float("inf") if dq > 0 else 0.0)
-            if dq <= 0 and score <= 0:
-                continue
-            key = (score, -i)  # ties: the earlier axis, deterministically
-            if best_score is None or key > best_score:
-                best, best_score = nxt, key
-        if best is None:
-            return path
-        cur = best
-        path.append(cur)
 
 
 def einsum_like(fa: FuncAnalysis) -> bool:
@@ -129,7 +100,7 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
         vec_loads = ceil_div(t[v], lanes) if v is not None else 0
         return accumulator_registers(fa, t, lanes) + vec_loads + 2 <= nregs
 
-    path = _grow(start, steps, q, f, fits)
+    path = grow_by_reuse(start, steps, q, f, fits)
     return path[-3:]
 
 
@@ -168,7 +139,7 @@ def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction:
     def fits(t: Tile) -> bool:
         return f(t) <= cap_bytes
 
-    path = _grow(start, steps, q, f, fits)
+    path = grow_by_reuse(start, steps, q, f, fits)
     return path[-2:] if len(path) > 1 else path
 
 
@@ -287,17 +258,11 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
 def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
     """Reductions and elementwise functions: one row-parallel, vectorized schedule."""
     lanes = dev.simd_lanes(fa.dtype)
-    elem = DTYPE_BYTES.get(fa.dtype, 4)
     rows = 1
     for a in fa.axes:
         if a.kind == "S":
             rows *= a.extent
-    bytes_moved = 0
-    for b in fa.func.params:
-        n = 1
-        for s in b.shape:
-            n *= int(s)
-        bytes_moved += n * elem
+    bytes_moved = param_bytes(fa)
     volume = 1
     for a in fa.axes:
         volume *= a.extent
@@ -310,16 +275,3 @@ def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> Li
                    f"{lanes}-lane vectors (reductions via rfactor)")
     predict_streaming(fa, dev, t, bytes_moved, float(volume) * len(fa.blocks))
     return [t]
-
-
-def construct(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
-              pad_eps: Optional[float] = None) -> List[RTile]:
-    if fa.kind == "tiled":
-        from .analysis.conv import is_convolution  # convolutions: policy_conv.py
-
-        if pad_eps is None and is_convolution(fa):
-            from .policy_conv import construct_conv
-
-            return construct_conv(fa, dev, topk)
-        return construct_tiled(fa, dev, topk, pad_eps)
-    return construct_streaming(fa, dev, topk)

@@ -30,7 +30,8 @@ over it), while the fused kernel re-reads B and D once per row block. ``movement
 data-movement model gives both volumes into shared memory; the row block is the largest that
 fits and still gives every SM a thread block.
 
-Every thread-bound loop is split as ``[.., warps, 32]`` onto (threadIdx.y, threadIdx.x), so all
+Every thread-bound loop is split as ``[.., warps, warp_size]`` onto (threadIdx.y, threadIdx.x)
+(the device model's ``gpu.warp_size``, 32 on NVIDIA GPUs), so all
 stages share one block shape and the row reductions get whole warps along l. Odd and prime
 extents leave predicates (``T.where``) rather than padding; reduction steps divide their
 reduction (or take all of it).
@@ -43,29 +44,28 @@ from typing import List, Optional, Tuple
 
 from tvm import s_tir
 
-from ..errors import UnsupportedError
-from ..hardware import DeviceModel, gpu
-from ..lower.common import attempt, block_names, extent, is_reduction, require
-from ..lower.cuda import aligned_lanes, vector_lanes
-from .chain import GemmChain
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import DeviceModel, gpu
+from tvm_roller.analysis.schedule import attempt, block_names, extent, is_reduction, require
+from tvm_roller.backends.cuda.lower import aligned_lanes, vector_lanes
+from tvm_roller.fusion.chain import GemmChain
+from tvm_roller.fusion.movement import FUSE_THRESHOLD
 
 SMEM_SCOPE = "shared.dyn"  # past the 48 KB static limit; TVM raises the kernel's limit at launch
 # the row statistics stay in static shared memory: TVM merges every shared.dyn buffer into one
 # allocation before lowering cross-thread reductions, which then refuses two results in it
 STATS_SCOPE = "shared"
-WARP = 32
 MAX_THREADS = 256
 MAX_ROWS = 64  # larger row blocks leave too few thread blocks for any chain worth fusing
 REG_TILE = 4  # register tile edge per thread (4 x 4 accumulators in the first matmul)
 K_STEP = 16  # reduction step of the first matmul (A and B tiles per step)
 L_STEP = 32  # reduction step of the second matmul (D and S tiles per step)
 OPERAND_TILE = 4096  # elements of B's or D's tile per step (16 KiB in float32)
-FUSE_THRESHOLD = 0.95  # fused traffic must be below this share of the unfused traffic
 MIN_ROUND_TRIP_SHARE = 0.10  # the intermediate's round trip must matter to the unfused traffic
 _UNROLL_STEP = 256
 
 
-@dataclass
+@dataclass(frozen=True)
 class CudaChainPlan:
     """Plain data: the decision and the fused kernel's layout (memory figures in bytes).
 
@@ -132,17 +132,17 @@ def _layout(rows: int, cols: int, red: int, threads: int, step: int,
     return _MatmulLayout(ir, it, jr, jt, div)
 
 
-def _threads(rows: int, chain: GemmChain) -> int:
+def _threads(rows: int, chain: GemmChain, warp: int) -> int:
     """Whole warps, about 16 outputs of the wider matmul per thread, at most MAX_THREADS."""
     want = -(-rows * max(chain.l, chain.n) // (REG_TILE * REG_TILE))
-    t = WARP
+    t = warp
     while t < min(want, MAX_THREADS):
         t *= 2
     return t
 
 
-def _layouts(chain: GemmChain, rows: int) -> Tuple[int, _MatmulLayout, _MatmulLayout]:
-    t = _threads(rows, chain)
+def _layouts(chain: GemmChain, rows: int, warp: int) -> Tuple[int, _MatmulLayout, _MatmulLayout]:
+    t = _threads(rows, chain, warp)
     l1 = _layout(rows, chain.l, chain.k, t, K_STEP)
     # attention's n is small (a head): narrower tiles keep every thread on an output
     l2 = _layout(rows, chain.n, chain.l, t, L_STEP, (REG_TILE, 2 if chain.n <= 64 else REG_TILE))
@@ -174,7 +174,7 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
     The row block is the largest divisor of m (at most MAX_ROWS) whose slice and tiles fit the
     opt-in shared memory per block and that still gives every SM a thread block (else the one
     with the most blocks); ``rows`` forces it (a divisor of m)."""
-    from . import movement
+    from tvm_roller.fusion import movement
 
     if dev.kind != "gpu":
         raise UnsupportedError(f"plan_cuda_chain needs a GPU device model, got {dev.name} "
@@ -219,7 +219,7 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
     cands = []
     for r in sorted({d for d in range(1, min(chain.m, MAX_ROWS) + 1) if chain.m % d == 0}
                     | ({rows} if rows else set()), reverse=True):
-        t, l1, l2 = _layouts(chain, r)
+        t, l1, l2 = _layouts(chain, r, dev.gpu.warp_size)
         cands.append((r, t, l1, l2, _smem_bytes(chain, r, row_red, l1, l2),
                       batch * (chain.m // r)))
     fitting = [c for c in cands if c[4] <= limit]
@@ -244,10 +244,6 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
     fits = smem <= limit and chain.dtype == "float32"
     if chain.dtype != "float32":
         why.append(f"dtype {chain.dtype}: the fused CUDA kernel takes float32 only")
-    if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
-        fits = False
-        why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "
-                   "CUDA kernel takes plain (batch) matmuls only")
     if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
         fits = False
         why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "
@@ -280,22 +276,22 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
 
 
 # -- the schedule --------------------------------------------------------------------------------
-def _bind_threads(sch: s_tir.Schedule, loop, warps: int):
+def _bind_threads(sch: s_tir.Schedule, loop, warps: int, warp: int):
     """``loop`` over the block's threads (threadIdx.y: warps, threadIdx.x: lanes) and serially
     beyond them; returns the threadIdx.x loop. Never a unit outer loop: it would have the warp
     loop's stride, which makes the bindings non-affine to TVM (decompose_reduction refuses)."""
     n = extent(sch, loop) or 1
     if warps == 1:
-        tx = loop if n == WARP else sch.split(loop, [None, WARP])[-1]
+        tx = loop if n == warp else sch.split(loop, [None, warp])[-1]
         sch.bind(tx, "threadIdx.x")
         return tx
-    parts = sch.split(loop, [None, warps, WARP] if n > warps * WARP else [warps, WARP])
+    parts = sch.split(loop, [None, warps, warp] if n > warps * warp else [warps, warp])
     sch.bind(parts[-2], "threadIdx.y")
     sch.bind(parts[-1], "threadIdx.x")
     return parts[-1]
 
 
-def _spread(sch: s_tir.Schedule, block, warps: int, vectorize: bool) -> None:
+def _spread(sch: s_tir.Schedule, block, warps: int, warp: int, vectorize: bool) -> None:
     """All threads produce a tile of ``block`` (its loops below the compute_at point), with
     16-byte vectors where every access is provably aligned and each thread gets whole ones."""
     inner = sch.get_loops(block)[-len(sch.get(block).iter_vars):]
@@ -305,12 +301,12 @@ def _spread(sch: s_tir.Schedule, block, warps: int, vectorize: bool) -> None:
         dtype = str(sch.get(block).writes[0].source.dtype)
         vec = aligned_lanes(sch, block, inner[-1], vector_lanes(dtype))
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-    if vec > 1 and total % (vec * warps * WARP) == 0:
+    if vec > 1 and total % (vec * warps * warp) == 0:
         outer, v = sch.split(fused, [None, vec])
-        _bind_threads(sch, outer, warps)
+        _bind_threads(sch, outer, warps, warp)
         sch.vectorize(v)
     else:
-        _bind_threads(sch, fused, warps)
+        _bind_threads(sch, fused, warps, warp)
 
 
 def _operands(sch: s_tir.Schedule, block) -> List[str]:
@@ -327,7 +323,7 @@ def _read_index(sch: s_tir.Schedule, block, name: str) -> int:
     raise UnsupportedError(f"block {blk.name_hint} does not read {name}")
 
 
-def _matmul(sch: s_tir.Schedule, name: str, lay: _MatmulLayout, warps: int,
+def _matmul(sch: s_tir.Schedule, name: str, lay: _MatmulLayout, warps: int, warp: int,
             fetch: List[str]):
     """A matmul under the block loop: (rows, cols, reduction) -> column passes x threads x
     reduction steps x register tile; the operands in ``fetch`` staged in shared memory per
@@ -338,7 +334,7 @@ def _matmul(sch: s_tir.Schedule, name: str, lay: _MatmulLayout, warps: int,
     jo, jt, jr = sch.split(j, [None, lay.jt, lay.jr])
     ko, ki = sch.split(k, [None, lay.step])
     sch.reorder(jo, it, jt, ko, ki, ir, jr)
-    tx = _bind_threads(sch, sch.fuse(it, jt), warps)
+    tx = _bind_threads(sch, sch.fuse(it, jt), warps, warp)
     # unrolled by hand, not by an unroll pragma over the whole kernel: that would also
     # unroll the row-reduction loops, and TVM cannot lower copies of one cross-thread reduction
     if lay.step * lay.ir * lay.jr <= _UNROLL_STEP:
@@ -350,14 +346,14 @@ def _matmul(sch: s_tir.Schedule, name: str, lay: _MatmulLayout, warps: int,
     for buf in fetch:
         s = sch.cache_read(blk, _read_index(sch, blk, buf), SMEM_SCOPE)
         sch.compute_at(s, ko, preserve_unit_loops=True)
-        _spread(sch, s, warps, vectorize=True)
+        _spread(sch, s, warps, warp, vectorize=True)
     return wb, ko
 
 
-def _row_reduction(sch: s_tir.Schedule, block, warps: int) -> None:
+def _row_reduction(sch: s_tir.Schedule, block, warps: int, warp: int) -> None:
     """Rows over the warps, the reduced axis over a warp's lanes (TVM: warp shuffles)."""
     i, r = sch.get_loops(block)[-2:]
-    ro, tx = sch.split(r, [None, WARP])
+    ro, tx = sch.split(r, [None, warp])
     if warps > 1:
         _, ty = sch.split(i, [None, warps])
         sch.reorder(ty, ro, tx)
@@ -382,8 +378,8 @@ def _check(sch: s_tir.Schedule, chain: GemmChain, cplan: CudaChainPlan,
         raise UnsupportedError(f"GEMM chain cannot be fused on {dev.name}: {cplan.reason}")
     if chain.m % cplan.rows:
         raise UnsupportedError(f"row block {cplan.rows} does not divide m = {chain.m}")
-    if cplan.smem_bytes > gpu.smem_limit(dev) or cplan.threads > int(
-            dev.extra.get("max_threads_per_block", 1024)) or cplan.threads % WARP:
+    if cplan.smem_bytes > gpu.smem_limit(dev) or \
+            cplan.threads > dev.gpu.max_threads_per_block or cplan.threads % dev.gpu.warp_size:
         raise UnsupportedError(f"the plan's {cplan.smem_bytes} B of shared memory and "
                                f"{cplan.threads} threads do not suit a block on {dev.name}")
 
@@ -395,11 +391,12 @@ def apply_fused_cuda(func, chain: GemmChain, cplan: CudaChainPlan,
     Raises UnsupportedError when the chain cannot be fused on ``dev`` (the plan says why: the
     slice does not fit shared memory, a dtype other than float32) or is not one this kernel
     takes (prologues, convolution chains, stages that do not keep the rows)."""
-    from ..analysis import unwrap_func
+    from tvm_roller.analysis import unwrap_func
 
     sch = s_tir.Schedule(unwrap_func(func))
     _check(sch, chain, cplan, dev)
-    warps = cplan.threads // WARP
+    warp = dev.gpu.warp_size
+    warps = cplan.threads // warp
     l1 = _layout(cplan.rows, chain.l, chain.k, cplan.threads, cplan.k_step, cplan.thread_tile)
     l2 = _layout(cplan.rows, chain.n, chain.l, cplan.threads, cplan.l_step, cplan.thread_tile2)
 
@@ -416,7 +413,7 @@ def apply_fused_cuda(func, chain: GemmChain, cplan: CudaChainPlan,
 
     a_name, b_name = _operands(sch, sch.get_sblock(chain.first))
     d_name = _operands(sch, second)[1]  # the detector matched (intermediate, weight)
-    wb1, ko1 = _matmul(sch, chain.first, l1, warps, [a_name, b_name])
+    wb1, ko1 = _matmul(sch, chain.first, l1, warps, warp, [a_name, b_name])
     # leading elementwise stages fold into the write-back of the first matmul's registers
     stages = list(chain.between)
     while stages and not is_reduction(sch, sch.get_sblock(stages[0])) and \
@@ -437,9 +434,9 @@ def apply_fused_cuda(func, chain: GemmChain, cplan: CudaChainPlan,
                                    "the rows of the intermediate (or an elementwise stage "
                                    "that can be recomputed where it is read)")
         sch.set_scope(blk, 0, STATS_SCOPE)
-        _row_reduction(sch, blk, warps)
+        _row_reduction(sch, blk, warps, warp)
 
-    _, ko2 = _matmul(sch, chain.second, l2, warps, [d_name])
+    _, ko2 = _matmul(sch, chain.second, l2, warps, warp, [d_name])
     if last is not None:
         # the last stage (softmax's normalised exp) is made per l-step, like an operand tile
         blk = sch.get_sblock(last)
@@ -451,7 +448,7 @@ def apply_fused_cuda(func, chain: GemmChain, cplan: CudaChainPlan,
         sch.set_scope(blk, 0, SMEM_SCOPE)
         require(f"fused CUDA chain: computing {last} per step of the second matmul",
                 sch.compute_at, blk, ko2, preserve_unit_loops=True)
-        _spread(sch, blk, warps, vectorize=False)
+        _spread(sch, blk, warps, warp, vectorize=False)
     # last: loops above the update blocks cannot be annotated after decompose_reduction
     sch.decompose_reduction(sch.get_sblock(chain.first), ko1)
     sch.decompose_reduction(sch.get_sblock(chain.second), ko2)

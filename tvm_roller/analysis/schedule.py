@@ -6,8 +6,8 @@ from typing import List, Optional
 
 from tvm import s_tir, tirx
 
-from ..analysis.visit import post_order_visit
-from ..errors import UnsupportedError
+from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.core.errors import UnsupportedError
 
 # what a refused schedule primitive raises in TVM 0.27: ScheduleError and InternalError are
 # RuntimeErrors, failed checks surface as ValueError (there is no tvm.TVMError any more)

@@ -67,12 +67,12 @@ from typing import Dict, List, Optional, Tuple
 
 from tvm import s_tir
 
-from ..analysis import FuncAnalysis, unwrap_func
-from ..analysis.access import build_access
-from ..errors import UnsupportedError
-from ..hardware.model import dtype_bytes
-from ..rtile import RTile
-from .common import SCHEDULE_ERRORS, attempt, axis_loops
+from tvm_roller.analysis import FuncAnalysis, unwrap_func
+from tvm_roller.analysis.access import build_access
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware.model import dtype_bytes
+from tvm_roller.core.rtile import RTile
+from tvm_roller.analysis.schedule import SCHEDULE_ERRORS, attempt, axis_loops
 
 WMMA = "wmma_16x16x16_f16f32"
 MMA = "mma_m16n8k16_f16f32"
@@ -83,6 +83,9 @@ AB_PAD = 8  # halves appended to every row of the A/B tiles (16 B: keeps ldm a m
 C_PAD = 4  # floats appended to every row of the accumulator staging tile (16 B), at least
 VEC_AB = 8  # halves per global -> shared vector (16 B)
 VEC_C = 4  # elements per epilogue vector (a float4 from shared)
+# lanes of a warp: wmma / mma.sync fragments are defined for 32-lane warps, and the tile rules
+# and the schedule below have no device model (validate_tile reads the device's limits)
+WARP = 32
 MAX_WARP_TILE = 64 * 64  # WM * WN: the accumulator is WM*WN/32 fp32 registers per thread
 FRAG = 16
 _LOCK = threading.Lock()  # registration of intrinsics and of the TIR pipeline
@@ -224,12 +227,12 @@ def _check_tile(fa: FuncAnalysis, g: Gemm, tile: RTile) -> None:
         raise UnsupportedError(f"tensor cores: the warp's K step must be {FRAG}, got "
                                f"{tile.reg[g.k]}")
     if wm * wn > MAX_WARP_TILE:
-        raise UnsupportedError(f"tensor cores: warp tile {wm}x{wn} holds {wm * wn // 32} fp32 "
-                               "accumulators per thread (at most 128 fit in registers)")
+        raise UnsupportedError(f"tensor cores: warp tile {wm}x{wn} holds {wm * wn // WARP} "
+                               "fp32 accumulators per thread (at most 128 fit in registers)")
     warps = (bm // wm) * (bn // wn)
-    if tile.threads != 32 * warps:
+    if tile.threads != WARP * warps:
         raise UnsupportedError(f"tensor cores: block {bm}x{bn} / warp {wm}x{wn} tiles make "
-                               f"{warps} warps = {32 * warps} threads, the tile says "
+                               f"{warps} warps = {WARP * warps} threads, the tile says "
                                f"{tile.threads}")
     if tile.threads > 1024:
         raise UnsupportedError(f"tensor cores: {tile.threads} threads per block (at most 1024)")
@@ -281,7 +284,7 @@ def smem_bytes(fa: FuncAnalysis, tile: RTile) -> int:
 def validate_tile(fa: FuncAnalysis, tile: RTile, dev) -> None:
     """Raise UnsupportedError with the reason when ``tile`` is not valid for tensor cores on
     ``dev`` (a GPU ``DeviceModel``); see the module docstring for the rules."""
-    from ..hardware import gpu
+    from tvm_roller.hardware import gpu
 
     g = gemm_structure(fa)
     _check_tile(fa, g, tile)
@@ -295,7 +298,7 @@ def validate_tile(fa: FuncAnalysis, tile: RTile, dev) -> None:
     if tile.stages >= 2 and cc.number < (8, 0):
         raise UnsupportedError(f"tensor cores: a {tile.stages}-stage pipeline uses cp.async "
                                f"(sm_80+), {dev.name} is {cc}")
-    max_threads = int(dev.extra.get("max_threads_per_block", 1024))
+    max_threads = dev.gpu.max_threads_per_block
     if tile.threads > max_threads:
         raise UnsupportedError(f"tensor cores: {tile.threads} threads > {max_threads} on "
                                f"{dev.name}")
@@ -880,10 +883,10 @@ def _contiguous_copy(sch: s_tir.Schedule, block) -> bool:
 
 def _coop_copy(sch: s_tir.Schedule, block, warps: int, vec: int, ndim: int,
                vectorize: bool = True) -> None:
-    """Spread a tile copy over the block: [rest, warps (ty), 32 (tx), vec], vectorized."""
+    """Spread a tile copy over the block: [rest, warps (ty), WARP (tx), vec], vectorized."""
     loops = sch.get_loops(block)[-ndim:]
     fused = sch.fuse(*loops)
-    rest, ty, tx, v = sch.split(fused, [None, warps, 32, vec])
+    rest, ty, tx, v = sch.split(fused, [None, warps, WARP, vec])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     if vectorize:

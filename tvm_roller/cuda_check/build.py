@@ -35,13 +35,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import tvm
 from tvm import tirx
 
-from ..errors import UnsupportedError
-from ..hardware import gpu
-from ..hardware.cache import atomic_write, cache_dir
-from ..hardware.model import DeviceModel, dtype_bytes
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import gpu
+from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware.cache import atomic_write, cache_dir
+from tvm_roller.hardware.model import DeviceModel, dtype_bytes
 
 ModLike = Union[tvm.IRModule, tirx.PrimFunc, "tvm.s_tir.Schedule"]
-TargetLike = Union[tvm.target.Target, dict, str]
 
 BUNDLE_FORMAT = 1
 _CACHE_FORMAT = 1
@@ -502,7 +502,7 @@ def misaligned_vectors(kernel: tirx.PrimFunc) -> List[str]:
     from tvm import sym
     from tvm.ir.expr import TensorLoad
 
-    from ..analysis.visit import post_order_visit
+    from tvm_roller.analysis.visit import post_order_visit
 
     ana = sym.Analyzer()
     bad: List[str] = []

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ..lower.common import block_names, extent, is_reduction
-from .chain import GemmChain
+from tvm_roller.analysis.schedule import block_names, extent, is_reduction
+from tvm_roller.fusion.chain import GemmChain
 
 _ROW_TILES = (6, 4, 3, 2, 1)
 

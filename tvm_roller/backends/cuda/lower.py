@@ -18,24 +18,28 @@ exchange; elementwise functions map one element (or one 16-byte vector) to a thr
 """
 from __future__ import annotations
 
+import logging
+
 import math
 from typing import List, Optional
 
 from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 
-from ..analysis import FuncAnalysis
-from ..analysis.visit import post_order_visit
-from ..errors import UnsupportedError
-from ..hardware import DeviceModel
-from ..hardware.model import DTYPE_BYTES
-from ..rtile import RTile
-from .common import (attempt, axis_loops, block_names, extent, is_reduction, perfect_split,
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
+from tvm_roller.core.rtile import RTile
+from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_reduction, perfect_split,
                      realize_of, require)
 
 _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
 _UNROLL_STEP = 256
 
+
+logger = logging.getLogger("tvm_roller")
 
 def vector_lanes(dtype: str) -> int:
     return max(1, _VECTOR_BYTES // DTYPE_BYTES.get(dtype, 4))
@@ -123,7 +127,7 @@ def _pad_rows(sch: s_tir.Schedule, block, dtype: str, dev: DeviceModel) -> Optio
         return None
     row = extent(sch, loops[-1]) or 1
     elem = DTYPE_BYTES.get(dtype, 4)
-    bank_row = int(dev.extra.get("smem_banks", 32)) * int(dev.extra.get("bank_bytes", 4)) // elem
+    bank_row = dev.gpu.smem_banks * dev.gpu.bank_bytes // elem
     if row % bank_row:
         return None
     pad = vector_lanes(dtype)
@@ -139,7 +143,7 @@ class _VariableWindow(Exception):
 def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
                 global_inputs: frozenset = frozenset()) -> s_tir.Schedule:
     if t.tensor_core:
-        from .cuda_tensorcore import apply_tensorcore
+        from tvm_roller.backends.cuda.tensorcore import apply_tensorcore
 
         return apply_tensorcore(func, fa, t)
     try:
@@ -148,8 +152,8 @@ def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
         # e.g. a transposed convolution's stride-parity window: TVM cannot allocate a shared
         # tile whose size changes from step to step, so that input is read from global memory
         name = str(err)
-        t.notes.append(f"{name}: window size varies with the reduction step, read from global "
-                       "memory (no shared-memory tile)")
+        logger.info("tvm_roller: %s: window size varies with the reduction step, read from "
+                    "global memory (no shared-memory tile)", name)
         return apply_tiled(func, fa, t, dev, global_inputs | {name})
 
 
@@ -223,8 +227,8 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
         for s in fetches:
             dtype = str(sch.get(s).writes[0].source.dtype)
             note = _pad_rows(sch, s, dtype, dev)
-            if note and note not in t.notes:
-                t.notes.append(note)
+            if note:
+                logger.info("tvm_roller: %s", note)
             _cooperative_fetch(sch, s, threads, dtype)
         if t.stages >= 2 and (extent(sch, k) or 1) >= 2:
             n = len(fetches)
@@ -247,20 +251,21 @@ def _apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
 
 
 def _async_copy(dev: DeviceModel) -> bool:
-    return int(dev.extra.get("cc_major", 0)) >= 8  # cp.async exists from sm_80
+    return dev.gpu.cc_major >= 8  # cp.async exists from sm_80
 
 
 # -- memory-bound ----------------------------------------------------------------------------
-def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str) -> None:
+def _bind_flat(sch: s_tir.Schedule, block, threads: int, dtype: str, warp: int) -> None:
     """One element (or one 16-byte vector) per thread over the block's fused loops."""
     loops = sch.get_loops(block)
     _bind_flat_loops(sch, loops, threads,
-                     aligned_lanes(sch, block, loops[-1], vector_lanes(dtype)))
+                     aligned_lanes(sch, block, loops[-1], vector_lanes(dtype)), warp=warp)
 
 
 def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
-    threads = max(32, t.threads or 256)
+    warp = dev.gpu.warp_size
+    threads = max(warp, t.threads or 256)
     names = block_names(sch)
     # elementwise stages inline into their consumers where they can (one kernel, no round trip)
     for name in names[:-1]:
@@ -269,13 +274,13 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
             continue
         attempt(sch.compute_inline, blk)  # refused: a stage of its own (e.g. two consumers)
     names = block_names(sch)
-    if fa.kind == "elementwise":
+    if t.kind == "elementwise":
         for name in names:
             blk = sch.get_sblock(name)
-            _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype))
+            _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), warp)
         return sch
     if t.acc_level == "split":
-        return _split_reduction(sch, fa, t, threads)
+        return _split_reduction(sch, fa, t, threads, warp)
     rows = len(fa.spatial)
     last = sch.get_sblock(names[-1])
     loops = sch.get_loops(last)
@@ -285,7 +290,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
     if t.acc_level == "thread":
         # short reductions (pooling windows): one output per thread, earlier stages of the same
         # row computed by that thread into registers
-        _bind_flat_loops(sch, row, threads)
+        _bind_flat_loops(sch, row, threads, warp=warp)
         anchor, scope = sch.get_loops(last)[1], "local"
     else:
         # one row per thread block: the stages' inner loops spread over the block's threads
@@ -304,7 +309,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
 
 
 def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
-                     threads: int) -> s_tir.Schedule:
+                     threads: int, warp: int) -> s_tir.Schedule:
     """Few rows, long reductions (a norm over a whole tensor): each row's reduction is split
     over ``t.l2`` thread blocks (``rfactor``) writing partial results, a second kernel
     reduces those; the epilogue stages run as kernels of their own."""
@@ -327,7 +332,7 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
     sch.bind(fin[-1], "threadIdx.x")
     for name in fa.consumers:
         blk = sch.get_sblock(name)
-        _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype))
+        _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), warp)
     return sch
 
 
@@ -352,12 +357,13 @@ def _spread(sch: s_tir.Schedule, loops: list, threads: int) -> None:
     sch.bind(tx, "threadIdx.x")
 
 
-def _bind_flat_loops(sch: s_tir.Schedule, loops: list, threads: int, vec: int = 1) -> None:
+def _bind_flat_loops(sch: s_tir.Schedule, loops: list, threads: int, vec: int = 1, *,
+                     warp: int) -> None:
     """``loops`` fused and spread over blocks x threads (whole warps, no more threads than
     work), the innermost ``vec`` elements a vector per thread."""
     total = math.prod(extent(sch, l) or 1 for l in loops)
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    threads = min(threads, max(32, -(-total // vec // 32) * 32))
+    threads = min(threads, max(warp, -(-total // vec // warp) * warp))
     if vec > 1:
         bx, tx, vi = sch.split(fused, [None, threads, vec])
         sch.vectorize(vi)

@@ -15,15 +15,15 @@ import itertools
 import math
 from typing import Dict, List, Optional, Tuple
 
-from .analysis import FuncAnalysis
-from .errors import UnsupportedError
-from .hardware import DeviceModel
-from .hardware.gpu import smem_limit
-from .hardware.model import DTYPE_BYTES
-from .perf_model import input_bytes, num_tiles, register_loads
-from .perf_model_gpu import estimated_registers, predict_streaming, predict_tiled
-from .policy import _grow
-from .rtile import RTile, aligned_steps
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.gpu import smem_limit
+from tvm_roller.hardware.model import DTYPE_BYTES
+from tvm_roller.analysis.traffic import param_bytes, input_bytes, num_tiles, register_loads
+from tvm_roller.backends.cuda.perf_model import estimated_registers, predict_streaming, predict_tiled
+from tvm_roller.core.growth import grow_by_reuse
+from tvm_roller.core.rtile import RTile, aligned_steps
 
 Tile = Tuple[int, ...]
 _MAX_ACC = 64  # accumulators per thread: 8x8 leaves room for operands at 2 blocks per SM
@@ -78,7 +78,7 @@ def _register_tiles(fa: FuncAnalysis, notes: List[str]) -> List[Tile]:
     def fits(t: Tile) -> bool:
         return math.prod(t[i] for i in fa.spatial) <= _MAX_ACC and f(t) <= _REG_BUDGET
 
-    path = _grow(tuple(start), steps, q, f, fits)
+    path = grow_by_reuse(tuple(start), steps, q, f, fits)
     if v is not None:
         notes.append(f"register tile: {fa.axes[v].name} in steps of 4 (16-byte stores); at most "
                      f"{_MAX_ACC} accumulators per thread")
@@ -93,7 +93,7 @@ def _reduction_chunks(fa: FuncAnalysis, dev: DeviceModel) -> List[Tile]:
     (8 fp32 / 16 fp16) where its extent allows, the others one at a time."""
     inner = _contiguous_reduction(fa)
     elem = max((a.bytes_per_elem for a in fa.reads), default=4)
-    unit = max(1, int(dev.extra.get("transaction_bytes", 32)) // elem)
+    unit = max(1, dev.gpu.transaction_bytes // elem)
     out = []
     for mult in (1, 2):  # longer chunks unroll into more registers than they save syncs
         t = []
@@ -131,11 +131,11 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     v = _out_axis(fa)
     # the block's row of the output spans whole 32-byte transactions where the axis allows
     elem = DTYPE_BYTES.get(fa.dtype, 4)
-    row = max(1, int(dev.extra.get("transaction_bytes", 32)) // elem)
+    row = max(1, dev.gpu.transaction_bytes // elem)
     # registers: index arithmetic of convolutions costs more than the estimate's allowance;
     # 1.5x keeps __launch_bounds__ from forcing spills (measured with ptxas on C3D)
     regs = estimated_registers(fa, reg)
-    max_threads = min(max_threads, int(dev.extra["regs_per_block"]) * 2 // (3 * regs))
+    max_threads = min(max_threads, dev.gpu.regs_per_block * 2 // (3 * regs))
     steps, start = [], []
     for i, a in enumerate(fa.axes):
         if a.kind == "S":
@@ -158,10 +158,10 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     def fits(t: Tile) -> bool:
         return _threads(fa, reg, t) <= max_threads and _smem(fa, t, stages) <= smem_cap
 
-    tile = list(_grow(tuple(start), steps, q, f, fits)[-1])
+    tile = list(grow_by_reuse(tuple(start), steps, q, f, fits)[-1])
     # no more reuse to gain, yet a block must be whole warps: widen along the contiguous
     # output axis first (coalesced), then the others, while the limits allow
-    warp = 32
+    warp = dev.gpu.warp_size
     order = [i for i in [v] if i is not None] + [i for i in reversed(fa.spatial) if i != v]
     while _threads(fa, reg, tuple(tile)) % warp:
         for i in order:
@@ -176,7 +176,7 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
 
 def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     notes: List[str] = []
-    warp = int(dev.extra.get("warp_size", 32))
+    warp = dev.gpu.warp_size
     cands: Dict[tuple, RTile] = {}
     for reg in _register_tiles(fa, notes):
         for chunk in _reduction_chunks(fa, dev):
@@ -201,7 +201,7 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 # -- tensor cores ------------------------------------------------------------------------------
 def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 32-64."""
-    from .lower import cuda_tensorcore as tc
+    from tvm_roller.backends.cuda import tensorcore as tc
 
     if not all(str(a.dtype) == "float16" for a in fa.reads) or len(fa.spatial) < 2:
         return []
@@ -219,7 +219,7 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
         l1[m], l1[n], l1[k] = bm, bn, bk
         reg[m], reg[n], reg[k] = wm, wn, 16
         t = RTile(**_base(fa, "tiled"), reg=reg, l1=l1, l2=list(l1), vector_lanes=8,
-                  threads=warps * 32, stages=stages, tensor_core=tc.WMMA)
+                  threads=warps * dev.gpu.warp_size, stages=stages, tensor_core=tc.WMMA)
         try:
             tc.validate_tile(fa, t, dev)
         except UnsupportedError:
@@ -238,12 +238,10 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 def construct_streaming(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     rows = math.prod(fa.axes[i].extent for i in fa.spatial)
     red = math.prod(fa.axes[i].extent for i in fa.reduction)
-    warp = int(dev.extra.get("warp_size", 32))
+    warp = dev.gpu.warp_size
     t = RTile(**_base(fa, fa.kind), reg=[1] * len(fa.axes), l1=[a.extent for a in fa.axes],
               l2=[a.extent for a in fa.axes], vector_lanes=1)
-    bytes_moved = 0
-    for b in fa.func.params:
-        bytes_moved += math.prod(int(s) for s in b.shape) * DTYPE_BYTES.get(str(b.dtype), 4)
+    bytes_moved = param_bytes(fa)
     if fa.kind == "elementwise":
         t.threads = 256
         t.num_tasks = max(1, rows // (256 * 4))
@@ -280,12 +278,8 @@ def _split_parts(fa: FuncAnalysis, dev: DeviceModel, rows: int, red: int, thread
     return parts
 
 
-def construct(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
-    kind = gpu_kind(fa)
-    if kind != "tiled":
-        fa.kind = kind
-        return construct_streaming(fa, dev)
-    fa.kind = "tiled"
+def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
+    """Tensor-core and SIMT block tiles, ranked by the micro-model."""
     cands = construct_tensorcore(fa, dev) + construct_simt(fa, dev)
     ranked = sorted(cands, key=lambda t: (float(f"{t.predicted_s:.3g}"), -t.threads, t.key()))
     return ranked[:max(1, topk)]

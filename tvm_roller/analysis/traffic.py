@@ -1,0 +1,52 @@
+"""Traffic and register counts of a tile of an analysed function: what every micro-model and
+policy reads (the number of tiles, the bytes a tile reads and writes, the loads per reduction
+step of a register tile, the accumulators it holds, the bytes a function's parameters move)."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from tvm_roller.analysis.func import FuncAnalysis
+from tvm_roller.core.rtile import ceil_div
+from tvm_roller.hardware.model import DTYPE_BYTES
+
+
+def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
+    return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.reads)
+
+
+def output_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
+    return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.writes)
+
+
+def num_tiles(fa: FuncAnalysis, tile: Sequence[int], axes: Sequence[int] = None) -> int:
+    axes = range(len(fa.axes)) if axes is None else axes
+    return math.prod(ceil_div(fa.axes[i].extent, tile[i]) for i in axes)
+
+
+def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
+    """Load instructions per reduction step of the register tile (vector loads + broadcasts)."""
+    v = fa.vector_axis
+    n = 0
+    for acc in fa.reads:
+        f = acc.footprint(tuple(reg))
+        # vector loads along the vector axis; also a depthwise window's ``ff + rc`` (the axis
+        # steps the last dimension by one, with a reduction offset)
+        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
+        n += ceil_div(f, lanes) if vec else f
+    return n
+
+
+def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
+    v = fa.vector_axis
+    if v is None:
+        return math.prod(reg)
+    return math.prod(r for i, r in enumerate(reg) if i != v) * ceil_div(reg[v], lanes)
+
+
+def param_bytes(fa: FuncAnalysis) -> int:
+    """Bytes of all the function's buffer parameters, each at its own dtype (one read or write
+    of every input and output: what a streaming kernel moves)."""
+    # in TVM 0.27 a buffer parameter is a Var whose type carries the shape and dtype
+    return sum(math.prod(int(s) for s in p.shape) * DTYPE_BYTES.get(str(p.dtype), 4)
+               for p in fa.func.params)

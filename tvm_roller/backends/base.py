@@ -1,0 +1,203 @@
+"""The backend interface: what a target family (CPU, CUDA, ...) gives the planner.
+
+A :class:`Backend` turns a target into a device model, checks the pair, names its compile
+configuration and Relax stages, and holds its :class:`OpRule` list (one rule per op class:
+tiled GEMM-like, convolution, streaming reductions / elementwise, ...) and its
+:class:`ChainRule` (Chimera's GEMM -> GEMM fusion). The planner picks the first rule whose
+``matches`` accepts the analysed function; every rule constructs, validates, lowers and describes
+the rTiles of its class. Lowering never mutates the tile, the analysis or the plan.
+"""
+from __future__ import annotations
+
+import types
+from abc import ABC, abstractmethod
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tvm
+from tvm import s_tir, tirx
+
+from tvm_roller.analysis.func import SUPPORTED_DTYPES, FuncAnalysis, analyze
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.rtile import RTile
+from tvm_roller.fusion.chain import GemmChain
+from tvm_roller.fusion.decision import ChainDecision
+from tvm_roller.hardware.model import DeviceModel
+
+
+class InvalidTile(ValueError):
+    """A tile (e.g. read back from a cache) that does not fit the function or the rule."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_tile_shape(t: RTile) -> None:
+    """Self-consistency of a tile read from disk (raises InvalidTile)."""
+    n = len(t.extents)
+    if not (isinstance(t.kind, str) and isinstance(t.axis_kinds, str) and len(t.axis_kinds) == n):
+        raise InvalidTile("tile kind/axis_kinds malformed")
+    for name in ("extents", "reg", "l1", "l2"):
+        xs = getattr(t, name)
+        if not (isinstance(xs, list) and len(xs) == n and all(_is_int(x) and x >= 1 for x in xs)):
+            raise InvalidTile(f"tile field {name} is not {n} positive integers")
+    if not (_is_int(t.vector_lanes) and t.vector_lanes >= 1 and _is_int(t.num_tasks)
+            and t.num_tasks >= 1 and _is_int(t.unroll) and t.unroll >= 0):
+        raise InvalidTile("tile vector_lanes/num_tasks/unroll out of range")
+    if t.vector_axis is not None and not (_is_int(t.vector_axis) and 0 <= t.vector_axis < n):
+        raise InvalidTile("tile vector_axis out of range")
+    if not (isinstance(t.pack, list) and all(isinstance(p, str) for p in t.pack)):
+        raise InvalidTile("tile pack is not a list of names")
+
+
+class OpRule(ABC):
+    """One op class of one backend: which functions it takes and how it builds their kernels."""
+
+    #: the rule's name in reports and errors
+    name: str = ""
+
+    @abstractmethod
+    def matches(self, fa: FuncAnalysis) -> bool:
+        """Whether this rule schedules the analysed function."""
+
+    @abstractmethod
+    def tile_kind(self, fa: FuncAnalysis) -> str:
+        """The ``RTile.kind`` of this rule's tiles for ``fa`` (tiled / reduction / elementwise)."""
+
+    @abstractmethod
+    def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
+        """The top-``topk`` rTiles, best first (deterministic)."""
+
+    @abstractmethod
+    def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
+              dev: DeviceModel) -> s_tir.Schedule:
+        """``tile`` applied to ``func``: a schedule (``tile`` and ``fa`` stay unchanged)."""
+
+    def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
+        """Raise InvalidTile unless ``tile`` (e.g. from a cache) fits ``fa`` as this rule's
+        lowering needs it. Not a style check: a register tile larger than its L1 tile makes a
+        split factor 0, which crashes TVM natively (SIGFPE) instead of raising."""
+        check_tile_shape(tile)
+        kind = self.tile_kind(fa)
+        if tile.kind != kind:
+            raise InvalidTile(f"tile kind {tile.kind} != {kind} ({self.name}'s kind of this "
+                              "function)")
+        if tile.extents != [a.extent for a in fa.axes]:
+            raise InvalidTile(f"tile extents {tile.extents} != function extents "
+                              f"{[a.extent for a in fa.axes]}")
+        if tile.axis_kinds != "".join(a.kind for a in fa.axes):
+            raise InvalidTile("tile axis kinds differ from the function's")
+        if tile.vector_axis != fa.vector_axis:
+            raise InvalidTile(f"tile vector axis {tile.vector_axis} != function's "
+                              f"{fa.vector_axis}")
+
+    def describe(self, tile: RTile) -> List[str]:
+        """Lines for ``explain`` about one of this rule's tiles (after its prediction line)."""
+        return []
+
+
+def check_nested_tiles(tile: RTile, fa: FuncAnalysis, acc_levels: Sequence[str]) -> None:
+    """A tiled rule's levels: reg <= l1 <= l2 <= extent on spatial axes, the reduction chunk at
+    most the axis, the accumulator in one of ``acc_levels`` (raises InvalidTile)."""
+    if tile.acc_level not in acc_levels:
+        raise InvalidTile(f"tile acc_level {tile.acc_level!r}")
+    for i, a in enumerate(fa.axes):
+        if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= a.extent:
+            raise InvalidTile(f"axis {a.name}: tiles reg {tile.reg[i]} <= l1 {tile.l1[i]} <= "
+                              f"l2 {tile.l2[i]} <= extent {a.extent} do not hold")
+        if a.kind == "R" and not tile.l1[i] <= a.extent:
+            raise InvalidTile(f"axis {a.name}: reduction chunk {tile.l1[i]} > extent {a.extent}")
+
+
+class ChainRule(ABC):
+    """A backend's GEMM -> GEMM fusion (Chimera): decide from the data-movement model, lower."""
+
+    @abstractmethod
+    def plan(self, chain: GemmChain, dev: DeviceModel,
+             stage_kinds: Optional[Sequence[str]] = None) -> ChainDecision:
+        """Fuse or not, the fused kernel's layout and why. ``stage_kinds``: the kinds of the
+        stages between the matmuls when the chain is still a Relax graph (None: a PrimFunc)."""
+
+    @abstractmethod
+    def lower(self, func: tirx.PrimFunc, chain: GemmChain, decision: ChainDecision,
+              dev: DeviceModel) -> s_tir.Schedule:
+        """The fused kernel when ``decision.fuse``, else the operators as one traceable
+        schedule of ``func`` (MetaSchedule records); UnsupportedError when it cannot."""
+
+
+class Backend(ABC):
+    """One target family. Subclasses set the class attributes and implement the methods."""
+
+    #: the backend's name ("cpu", "cuda"): ``RTile.backend`` of its tiles
+    name: str = ""
+    #: the float dtypes its compute-bound kernels take (analysis; streaming adds integers)
+    tiled_dtypes: Tuple[str, ...] = SUPPORTED_DTYPES
+    #: convolutions are converted to these layouts before scheduling (Relax op -> layouts)
+    conv_layouts: Dict[str, List[str]] = {}
+    #: PassContext config its kernels are compiled under
+    pass_config: Dict[str, Any] = {}
+    #: whether a GEMM chain left unfused has a one-function traceable schedule (MetaSchedule)
+    traceable_chains: bool = False
+    #: the device MetaSchedule's local runner measures on
+    runner_device: str = "cpu"
+    #: the target kind MetaSchedule's default mutators are created for
+    tuning_kind: str = "llvm"
+
+    @property
+    @abstractmethod
+    def rules(self) -> Sequence[OpRule]:
+        """The op rules, tried in order: the first that matches schedules a function."""
+
+    @property
+    def chain_rule(self) -> Optional[ChainRule]:
+        """GEMM-chain fusion (None: chains are scheduled as their main block)."""
+        return None
+
+    @abstractmethod
+    def device_model(self, target: tvm.target.Target) -> DeviceModel:
+        """The device model of a normalised target of this family (no live device)."""
+
+    def check_device(self, target: tvm.target.Target, dev: DeviceModel) -> List[str]:
+        """Notes when ``dev`` is not exactly what ``target`` compiles for; UnsupportedError when
+        code for ``target`` cannot run on ``dev``."""
+        return []
+
+    @abstractmethod
+    def describe_device(self, dev: DeviceModel) -> str:
+        """One line about the device for ``explain``."""
+
+    @abstractmethod
+    def relax_stages(self) -> types.ModuleType:
+        """TVM's module of per-stage Relax pass lists for this family
+        (``library_dispatch_passes``, ``dataflow_lower_passes``, ``finalize_passes``)."""
+
+    def fallback_passes(self, target: tvm.target.Target) -> list:
+        """Passes that schedule what roller declined (TVM's default treatment)."""
+        return []
+
+    def default_schedule(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+        """TVM's default treatment of ``mod``'s functions (the fallback for a declined one)."""
+        passes = self.fallback_passes(target)
+        if not passes:
+            return mod
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    # -- derived -------------------------------------------------------------------------------
+    def analyze(self, func) -> FuncAnalysis:
+        """``analysis.analyze`` with this backend's dtypes."""
+        return analyze(func, self.tiled_dtypes)
+
+    def rule_for(self, fa: FuncAnalysis) -> OpRule:
+        """The first rule that matches ``fa``; UnsupportedError when none does."""
+        for rule in self.rules:
+            if rule.matches(fa):
+                return rule
+        raise UnsupportedError(f"no {self.name} rule takes {fa.main} ({fa.kind}); rules: "
+                               + ", ".join(r.name for r in self.rules))
+
+    def rule_named(self, name: str) -> OpRule:
+        for rule in self.rules:
+            if rule.name == name:
+                return rule
+        raise KeyError(f"{self.name} has no rule {name!r}")

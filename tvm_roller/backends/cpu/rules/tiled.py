@@ -1,0 +1,37 @@
+"""Compute-bound GEMM-like functions (matmuls, batch matmuls, ...): register / L1 / L2 tiles."""
+from __future__ import annotations
+
+from typing import List
+
+from tvm import s_tir, tirx
+
+from tvm_roller.analysis.func import FuncAnalysis
+from tvm_roller.backends.base import OpRule, check_nested_tiles
+from tvm_roller.backends.cpu import lower, policy
+from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware.model import DeviceModel
+
+
+class TiledRule(OpRule):
+    name = "tiled"
+
+    def matches(self, fa: FuncAnalysis) -> bool:
+        return fa.kind == "tiled"
+
+    def tile_kind(self, fa: FuncAnalysis) -> str:
+        return "tiled"
+
+    def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
+        return policy.construct_tiled(fa, dev, topk)
+
+    def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
+        super().validate(tile, fa, dev)
+        check_nested_tiles(tile, fa, ("reg", "task"))
+
+    def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
+              dev: DeviceModel) -> s_tir.Schedule:
+        return lower.apply_tiled(func, fa, tile)
+
+    def describe(self, tile: RTile) -> List[str]:
+        return [f"    register tile {tile.reg}", f"    L1 tile       {tile.l1}",
+                f"    L2/task tile  {tile.l2}"]

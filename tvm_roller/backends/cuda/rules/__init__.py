@@ -1,0 +1,1 @@
+"""The CUDA backend's op rules, one op class per file (listed in ``CudaBackend``)."""

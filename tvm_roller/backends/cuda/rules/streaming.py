@@ -1,0 +1,29 @@
+"""Memory-bound functions on a GPU: rows to thread blocks, reductions over a block's threads."""
+from __future__ import annotations
+
+from typing import List
+
+from tvm import s_tir, tirx
+
+from tvm_roller.analysis.func import FuncAnalysis
+from tvm_roller.backends.base import OpRule
+from tvm_roller.backends.cuda import lower, policy
+from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware.model import DeviceModel
+
+
+class StreamingRule(OpRule):
+    name = "streaming"
+
+    def matches(self, fa: FuncAnalysis) -> bool:
+        return policy.gpu_kind(fa) in ("reduction", "elementwise")
+
+    def tile_kind(self, fa: FuncAnalysis) -> str:
+        return policy.gpu_kind(fa)
+
+    def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
+        return policy.construct_streaming(fa, dev)
+
+    def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
+              dev: DeviceModel) -> s_tir.Schedule:
+        return lower.apply_streaming(func, fa, tile, dev)

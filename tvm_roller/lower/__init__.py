@@ -1,1 +1,0 @@
-"""Backends: apply an rTile to a PrimFunc for a target."""
