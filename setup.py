@@ -7,15 +7,16 @@ from setuptools import find_packages, setup
 
 HERE = Path(__file__).resolve().parent
 VERSION = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']',
-                    (HERE / "tvm_roller" / "core" / "version.py").read_text(encoding="utf-8"), re.M).group(1)
+                    (HERE / "tvm_roller" / "core" / "version.py").read_text(encoding="utf-8"),
+                    re.M).group(1)
 README = HERE / "README.md"
 
 # torch is pinned to the CPU wheel family the project is tested with; matplotlib and the
 # notebook packages run the tutorials / benchmark plots.
 # transformers builds HuggingFace architectures from their configs (random weights, no download)
 # for the whole-model tests and benchmarks. import-linter checks the package's layers in CI.
-TEST_EXTRAS = ["pytest", "import-linter==2.17", "torch==2.13.0", "transformers==5.24.0", "matplotlib", "nbclient",
-               "nbformat", "ipykernel",
+TEST_EXTRAS = ["pytest", "import-linter==2.17", "torch==2.13.0", "transformers==5.24.0",
+               "matplotlib", "nbclient", "nbformat", "ipykernel",
                "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
 
 setup(

@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (tests/ mirrors tvm_roller/)
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="tvm-roller-test-cache-")
 os.environ["TVM_ROLLER_CACHE"] = _CACHE_DIR

@@ -33,9 +33,9 @@ def test_import_contracts_hold():
     exe = shutil.which("lint-imports")
     if exe is None:
         pytest.fail("lint-imports (import-linter, a test dependency) is not installed")
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent)}
     res = subprocess.run([exe, "--config", str(ROOT / ".importlinter")], cwd=ROOT,
-                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT),
-                                                              "PATH": str(Path(sys.executable).parent)})
+                         capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "0 broken" in res.stdout
 

@@ -3,8 +3,8 @@
 Builds a schedule from hardware-aligned tiles (rTiles) in well under a second instead of searching,
 for TVM's LLVM backend (CUDA follows). Plans offline from a device model: no live device needed.
 """
-from tvm_roller.core.version import __version__
 from tvm_roller._version_check import check_tvm_ffi as _check_tvm_ffi
+from tvm_roller.core.version import __version__
 
 _check_tvm_ffi()
 
@@ -21,7 +21,8 @@ def _default_thread_count() -> None:
 
 _default_thread_count()
 
-from tvm_roller import dlight, hardware, relax  # noqa: E402  (both cost ~nothing once tvm is imported)
+# (these cost ~nothing once tvm is imported)
+from tvm_roller import dlight, hardware, relax  # noqa: E402
 from tvm_roller.api import build, explain, plan, schedule  # noqa: E402
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError  # noqa: E402
 from tvm_roller.core.rtile import RTile  # noqa: E402

@@ -22,6 +22,7 @@ from tvm_roller.backends.registry import backend_for, has_backend
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.core.types import TargetLike
+from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import GemmChain, detect_chain
 from tvm_roller.fusion.decision import ChainDecision
 from tvm_roller.hardware import DeviceModel, normalize_target, target_completion_notes
@@ -142,8 +143,6 @@ def lower(p: Plan, tile: RTile, traceable: bool = False) -> Lowered:
     func = p.analysis.func
     if p.chain is None:
         return Lowered(p.rule.lower(func, p.analysis, tile, p.device))
-    from tvm_roller.fusion import split
-
     decision = p.fusion
     if decision.fuse or traceable:
         try:

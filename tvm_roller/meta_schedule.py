@@ -33,8 +33,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_roller import api
 from tvm_roller.backends.registry import backend_for, host_target
-from tvm_roller.core.types import TargetLike
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.hardware.cache import atomic_write
 from tvm_roller.relax import fusion_passes, is_scheduled

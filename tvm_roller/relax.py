@@ -4,9 +4,9 @@
 
 The pipeline is TVM's default one for the target (library dispatch, legalization, fusion, dataflow
 lowering, finalization) with passes added before legalization (rewrites around TVM defects,
-inference simplifications, convolution layouts: :mod:`relax_passes.workarounds`, :mod:`relax_passes.inference`,
-:attr:`Backend.conv_layouts`) and one after fusion: roller plans, schedules and builds each fused PrimFunc
-alone. A function roller declines (a symbolic shape, ...) or fails on (a defect: reported as an
+inference simplifications, convolution layouts: :mod:`relax_passes.workarounds`,
+:mod:`relax_passes.inference`, :attr:`Backend.conv_layouts`) and one after fusion: roller plans,
+schedules and builds each fused PrimFunc alone. A function roller declines (a symbolic shape, ...) or fails on (a defect: reported as an
 error) keeps TVM's default treatment, so one function never fails the model's compile. On a
 CUDA target TVM's default treatment is its dlight rules (an unscheduled kernel cannot run on a
 GPU), which then see only what roller left.
@@ -26,10 +26,15 @@ from tvm_roller.api import (Lowered, Plan, default_schedule, lower, pass_context
                             resolve_target)
 from tvm_roller.backends.registry import backend_for, has_backend
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
+from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.hardware import DeviceModel
+from tvm_roller.module_cache import ModuleCache
+from tvm_roller.relax_passes import fast_math as fm
+from tvm_roller.relax_passes.chains import chain_shape, group_gemm_chains, reduces_rows
 from tvm_roller.relax_passes.inference import inference_pass
 from tvm_roller.relax_passes.workarounds import workarounds_pass
+from tvm_roller.schedule_cache import ScheduleCache, cached_schedule
 
 logger = logging.getLogger("tvm_roller")
 
@@ -103,11 +108,9 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
     pipeline schedules, so records written for them apply to what the pipeline builds.
     ``fast_math`` swaps exp/tanh for TVM's polynomial versions (``FastMathTransform``) and erf /
-    GELU for roller's rational erf (:mod:`tvm_roller.relax_passes.fast_math`): these vectorize, while LLVM's
+    GELU for roller's rational erf (:mod:`relax_passes.fast_math`): these vectorize, while LLVM's
     scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6.
     ``conv_layouts``: see :func:`conv_layout_pass` (``{}`` keeps the model's layouts)."""
-    from tvm_roller.relax_passes import fast_math as fm
-
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
@@ -129,8 +132,6 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
     the current target's device (or ``device``); the other chains' operators are fused and
     scheduled one by one as usual. ``decisions`` gets one dict per chain found: its shape,
     whether it is fused and the model's reason."""
-    from tvm_roller.relax_passes.chains import chain_shape, group_gemm_chains, reduces_rows
-
     def decide(first, second, kinds) -> bool:
         shape = chain_shape(first, second)
         tgt = tvm.target.Target.current(allow_none=True)
@@ -245,8 +246,6 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     compiling the same model again is a load. Returns something ``relax.VirtualMachine`` takes.
     On a cache hit ``report`` gets the entries stored with the library (``cached`` set).
     ``chains`` gets the fusion decision for each matmul chain (not on a cache hit)."""
-    from tvm_roller.module_cache import ModuleCache
-
     tgt, dev, _ = resolve_target(target, device)
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
                "conv_layouts": conv_layouts}
@@ -280,8 +279,6 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
 def _resolve_cache(cache):
     if cache is False or cache is None:
         return None
-    from tvm_roller.schedule_cache import ScheduleCache
-
     return ScheduleCache() if cache is True else cache
 
 
@@ -313,8 +310,6 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
 def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str):
     """The fallback for ``func``: its operators one by one when it has several (a chain group
     that cannot be fused or planned whole is un-grouped this way), else TVM's default."""
-    from tvm_roller.fusion import split
-
     whole = FuncReport(name, "fallback", reason=reason, fallback=fallback)
     try:
         groups = split.reduction_groups(func)
@@ -379,8 +374,6 @@ def _schedule_one(func, tgt, dev, sched_cache) -> Tuple[Plan, Lowered, bool]:
     if sched_cache is None:
         p = plan(func, tgt, 1, dev)
         return p, lower(p, p.tiles[0]), False
-    from tvm_roller.schedule_cache import cached_schedule
-
     cs = cached_schedule(func, tgt, dev, cache=sched_cache)
     return cs.plan, cs.lowered, cs.from_cache
 

@@ -15,9 +15,9 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
 from tvm.tirx.buffer import BufferType
 
-from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.analysis.access import Access, build_access
 from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.core.errors import UnsupportedError
 
 # Compute-bound (tiled, FMA) kernels need a float type; memory-bound kernels only move and compare
 # values, so masks and indices (bool / integer tensors, as Relax's attention masks) are fine there.

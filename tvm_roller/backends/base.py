@@ -109,6 +109,20 @@ def check_nested_tiles(tile: RTile, fa: FuncAnalysis, acc_levels: Sequence[str])
             raise InvalidTile(f"axis {a.name}: reduction chunk {tile.l1[i]} > extent {a.extent}")
 
 
+class TiledOpRule(OpRule):
+    """The tiled (reuse-heavy) class every backend has: nested register / cache (or block)
+    tiles, the accumulator in registers or per task."""
+
+    name = "tiled"
+
+    def tile_kind(self, fa: FuncAnalysis) -> str:
+        return "tiled"
+
+    def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
+        super().validate(tile, fa, dev)
+        check_nested_tiles(tile, fa, ("reg", "task"))
+
+
 class ChainRule(ABC):
     """A backend's GEMM -> GEMM fusion (Chimera): decide from the data-movement model, lower."""
 
@@ -143,15 +157,19 @@ class Backend(ABC):
     #: the target kind MetaSchedule's default mutators are created for
     tuning_kind: str = "llvm"
 
+    def __init__(self, rules: Sequence[OpRule], chain_rule: Optional[ChainRule] = None) -> None:
+        self._rules = tuple(rules)
+        self._chain_rule = chain_rule
+
     @property
-    @abstractmethod
-    def rules(self) -> Sequence[OpRule]:
+    def rules(self) -> Tuple[OpRule, ...]:
         """The op rules, tried in order: the first that matches schedules a function."""
+        return self._rules
 
     @property
     def chain_rule(self) -> Optional[ChainRule]:
         """GEMM-chain fusion (None: chains are scheduled as their main block)."""
-        return None
+        return self._chain_rule
 
     @abstractmethod
     def device_model(self, target: tvm.target.Target) -> DeviceModel:

@@ -11,9 +11,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, num_tiles, output_bytes, register_loads
+from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
+                                         output_bytes, register_loads)
 from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware import DeviceModel
 
 
 @dataclass

@@ -10,10 +10,10 @@ import random
 from typing import List
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
 from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, output_bytes
 from tvm_roller.backends.cpu.perf_model import predict_tiled
 from tvm_roller.core.rtile import RTile, ceil_div
+from tvm_roller.hardware import DeviceModel
 
 
 def _divisors(n: int) -> List[int]:

@@ -36,8 +36,8 @@ import tvm
 from tvm import tirx
 
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware import gpu
 from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware import gpu
 from tvm_roller.hardware.cache import atomic_write, cache_dir
 from tvm_roller.hardware.model import DeviceModel, dtype_bytes
 

@@ -497,7 +497,7 @@ def _nbytes(dtype: str, count: int) -> int:
 
 # -- PyTorch ops (the reference in float64 and the peer in float32) -----------------------------
 # Same semantics as tvm_roller/suite/references.py (checked against each other in
-# tests/test_gpu_check.py); written here because the GPU machine has no TVM.
+# tests/tools/cuda_check/test_gpu_check.py); written here because the GPU machine has no TVM.
 def torch_op(cls: str, p: Dict[str, int],
              xs: Sequence[Any]) -> Tuple[Callable[[], Any], Callable[[Any], Any]]:
     """``(fn, to_tvm)`` for workload class ``cls`` with named parameters ``p`` on tensors ``xs``

@@ -4,9 +4,9 @@
 then ``plan_chain(chain, device)`` chooses the fused block order and tiles and decides whether
 fusing beats running the ops one after the other.
 """
-from tvm_roller.fusion.movement import (FUSE_THRESHOLD, Chain, ChainPlan, Loop, Op, TensorUse, conv_chain,
-                       data_movement, format_plan, gemm_chain, memory_usage, mlp_chain, plan_chain,
-                       tile_candidates)
+from tvm_roller.fusion.movement import (FUSE_THRESHOLD, Chain, ChainPlan, Loop, Op, TensorUse,
+                                        conv_chain, data_movement, format_plan, gemm_chain,
+                                        memory_usage, mlp_chain, plan_chain, tile_candidates)
 
 __all__ = [
     "Loop", "TensorUse", "Op", "Chain", "ChainPlan", "plan_chain", "format_plan",

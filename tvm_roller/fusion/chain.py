@@ -18,8 +18,8 @@ from tvm import s_tir
 
 from tvm_roller.analysis import unwrap_func
 from tvm_roller.analysis.access import build_access
-from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.analysis.schedule import SCHEDULE_ERRORS
+from tvm_roller.core.errors import UnsupportedError
 
 
 @dataclass

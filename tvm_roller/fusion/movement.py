@@ -55,8 +55,8 @@ and columns, and strides are not modelled); the window loops ``r, s`` are ``unti
 Memory levels and bandwidths (the convention)
 ---------------------------------------------
 ``dev`` is a :class:`tvm_roller.hardware.DeviceModel` (only duck-typed: ``levels``,
-``num_units``, ``peak_per_unit``, ``cpu.dram_gbs_single_core``; capacities and bandwidths of private levels are per
-core, shared levels are whole-chip). With levels fastest first:
+``num_units``, ``peak_per_unit``, ``cpu.dram_gbs_single_core``; capacities and bandwidths of
+private levels are per core, shared levels are whole-chip). With levels fastest first:
 
 * **tile level** ``T``: the largest private level (``L2`` on a CPU, ``SMEM`` on a GPU). The fused
   blocks (and each unfused op's blocks) are sized so that ``MU <= fill * capacity(T)`` per core
@@ -129,7 +129,7 @@ __all__ = [
 
 FUSE_THRESHOLD = 0.95  # fuse only when fused time < FUSE_THRESHOLD * unfused time
 MAX_PADDING_WASTE = 0.10
-_CPU_FILL = 0.5  # of a cache the tiles may use (tvm_roller.backends.cpu.policy uses the same for L1/L2)
+_CPU_FILL = 0.5  # of a cache the tiles may use (backends/cpu/policy.py uses the same for L1/L2)
 _GPU_FILL = 1.0  # shared memory is managed explicitly
 _GRID_BUDGET = 1_500_000  # tile combinations x orders evaluated per search before thinning
 _MIN_GRID = 4096

@@ -20,8 +20,8 @@ from tvm.target import Target
 from tvm.target import codegen as _cg
 
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware import cache as _cache
 from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware import cache as _cache
 from tvm_roller.hardware.model import DeviceModel, MemoryLevel
 from tvm_roller.hardware.presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
 

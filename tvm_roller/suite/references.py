@@ -2,7 +2,7 @@
 
 Each formula was written from the te_workload definition in
 ``tvm/s_tir/meta_schedule/testing/te_workload.py`` (TVM 0.27) and is checked against TVM's own
-unscheduled build of the workload in ``tests/test_suite_refs.py``:
+unscheduled build of the workload in ``tests/tools/test_suite_refs.py``:
 
 =====  ======================  =====================================================================
 class  te_workload function    semantics (TVM layouts; ``p`` = CONFIGS params)

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import types
-from typing import Sequence
 
 import tvm
 
-from tvm_roller.backends.base import Backend, ChainRule, OpRule
+from tvm_roller.backends.base import Backend
 from tvm_roller.backends.cpu.rules.chain import CpuChainRule
 from tvm_roller.backends.cpu.rules.conv import ConvRule
 from tvm_roller.backends.cpu.rules.streaming import StreamingRule
@@ -29,16 +28,7 @@ class CpuBackend(Backend):
 
     def __init__(self) -> None:
         # a convolution is tiled too: its rule comes first
-        self._rules = (ConvRule(), TiledRule(), StreamingRule())
-        self._chain = CpuChainRule()
-
-    @property
-    def rules(self) -> Sequence[OpRule]:
-        return self._rules
-
-    @property
-    def chain_rule(self) -> ChainRule:
-        return self._chain
+        super().__init__((ConvRule(), TiledRule(), StreamingRule()), CpuChainRule())
 
     def device_model(self, target: tvm.target.Target) -> DeviceModel:
         return cpu_hw.from_target(target)

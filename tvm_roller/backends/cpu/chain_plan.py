@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from typing import List
 
-from tvm_roller.hardware import DeviceModel
+from tvm_roller.backends.cpu.chain_lower import degenerate_tiles
 from tvm_roller.backends.cpu.policy import L2_FILL
+from tvm_roller.fusion import movement
 from tvm_roller.fusion.chain import GemmChain
+from tvm_roller.hardware import DeviceModel
 
 
 def describe_loops(chain: GemmChain):
@@ -20,8 +22,6 @@ def describe_loops(chain: GemmChain):
     loop). A convolution chain (NHWC, rows: the output's w) is described as one, its input
     indexed by the output's h and w: read as a GEMM its K = kh x kw x C_in would count each
     input element kh x kw times."""
-    from tvm_roller.fusion import movement
-
     if chain.producers and len(chain.window) == 3 and len(chain.batch) == 2:
         kh, kw, c_in = chain.window
         return (movement.conv_chain(chain.batch[0], chain.batch[1], chain.m, c_in, chain.l,
@@ -38,8 +38,6 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
     objective): a roofline with the compute term at the device's peak calls both versions
     compute-bound and hides the intermediate's round trip, which measurements show is what the
     unfused operators pay (BENCHMARKS.md, GEMM chains)."""
-    from tvm_roller.fusion import movement
-
     def describe_chain(whole_rows: bool):
         desc, _, cols = describe_loops(chain)
         for loop in desc.loops:
@@ -55,8 +53,6 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel):
             setattr(plan, name, getattr(alone, name))
     decide(plan, dev, chain.intermediate_bytes, chain.row_reduction)
     if plan.fuse:
-        from tvm_roller.backends.cpu.chain_lower import degenerate_tiles
-
         why = degenerate_tiles(chain, rows_per_task(chain, plan, dev),
                                dev.simd_lanes(chain.dtype))
         if why:
@@ -113,6 +109,4 @@ def rows_per_task(chain: GemmChain, plan, dev: DeviceModel) -> int:
 
 def describe(plan) -> List[str]:
     """The movement model's plan as lines for ``tvm_roller.explain``."""
-    from tvm_roller.fusion import movement
-
     return ["  " + line for line in movement.format_plan(plan).splitlines()]

@@ -20,11 +20,11 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.analysis.access import build_access
+from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_padding,
+                                          is_reduction, perfect_split)
+from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.rtile import RTile
-from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_padding, is_reduction,
-                     perfect_split)
 
 _UNROLL_STEP = 64
 

@@ -9,12 +9,12 @@ import math
 from typing import Dict
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.hardware.model import DTYPE_BYTES
 from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
                                          output_bytes, register_loads)
 from tvm_roller.core.estimate import finish
 from tvm_roller.core.rtile import RTile, ceil_div
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
 _LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region

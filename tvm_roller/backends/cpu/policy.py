@@ -13,13 +13,13 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.hardware.model import DTYPE_BYTES
 from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
                                          output_bytes, param_bytes, register_loads)
 from tvm_roller.backends.cpu.perf_model import predict_streaming, predict_tiled
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import RTile, aligned_steps, ceil_div, padding_waste
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
 
 Tile = Tuple[int, ...]
 L1_FILL = 0.5  # of L1 a tile may use: the rest holds the accumulator stream and stray lines

@@ -30,10 +30,11 @@ import math
 from typing import List
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
 from tvm_roller.analysis.traffic import accumulator_registers, register_loads
 from tvm_roller.backends.cpu.perf_model import predict_tiled
+from tvm_roller.backends.cpu.policy import construct_tiled
 from tvm_roller.core.rtile import RTile, ceil_div, padding_waste
+from tvm_roller.hardware import DeviceModel
 
 _REG_LIMIT = 32  # largest register-tile size along a non-vector axis (the register file
 # bounds it anyway)
@@ -188,8 +189,6 @@ def vector_width(extent: int, lanes: int) -> int:
 
 
 def construct_conv(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:
-    from tvm_roller.backends.cpu.policy import construct_tiled
-
     v = fa.vector_axis
     lanes = vector_width(fa.axes[v].extent, dev.simd_lanes(fa.dtype))
     reg = register_tile(fa, dev, lanes)

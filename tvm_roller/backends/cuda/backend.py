@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import types
-from typing import Sequence
 
 import tvm
 
-from tvm_roller.backends.base import Backend, ChainRule, OpRule
+from tvm_roller.backends.base import Backend
 from tvm_roller.backends.cuda.rules.chain import CudaChainRule
 from tvm_roller.backends.cuda.rules.streaming import StreamingRule
 from tvm_roller.backends.cuda.rules.tiled import TiledRule
@@ -25,16 +24,7 @@ class CudaBackend(Backend):
     tuning_kind = "cuda"
 
     def __init__(self) -> None:
-        self._rules = (TiledRule(), StreamingRule())
-        self._chain = CudaChainRule()
-
-    @property
-    def rules(self) -> Sequence[OpRule]:
-        return self._rules
-
-    @property
-    def chain_rule(self) -> ChainRule:
-        return self._chain
+        super().__init__((TiledRule(), StreamingRule()), CudaChainRule())
 
     def device_model(self, target: tvm.target.Target) -> DeviceModel:
         return gpu.from_target(target)

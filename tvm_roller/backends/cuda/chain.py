@@ -44,12 +44,14 @@ from typing import List, Optional, Tuple
 
 from tvm import s_tir
 
-from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware import DeviceModel, gpu
+from tvm_roller.analysis import unwrap_func
 from tvm_roller.analysis.schedule import attempt, block_names, extent, is_reduction, require
 from tvm_roller.backends.cuda.lower import aligned_lanes, vector_lanes
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.fusion import movement
 from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.fusion.movement import FUSE_THRESHOLD
+from tvm_roller.hardware import DeviceModel, gpu
 
 SMEM_SCOPE = "shared.dyn"  # past the 48 KB static limit; TVM raises the kernel's limit at launch
 # the row statistics stay in static shared memory: TVM merges every shared.dyn buffer into one
@@ -174,8 +176,6 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
     The row block is the largest divisor of m (at most MAX_ROWS) whose slice and tiles fit the
     opt-in shared memory per block and that still gives every SM a thread block (else the one
     with the most blocks); ``rows`` forces it (a divisor of m)."""
-    from tvm_roller.fusion import movement
-
     if dev.kind != "gpu":
         raise UnsupportedError(f"plan_cuda_chain needs a GPU device model, got {dev.name} "
                                f"({dev.kind})")
@@ -391,8 +391,6 @@ def apply_fused_cuda(func, chain: GemmChain, cplan: CudaChainPlan,
     Raises UnsupportedError when the chain cannot be fused on ``dev`` (the plan says why: the
     slice does not fit shared memory, a dtype other than float32) or is not one this kernel
     takes (prologues, convolution chains, stages that do not keep the rows)."""
-    from tvm_roller.analysis import unwrap_func
-
     sch = s_tir.Schedule(unwrap_func(func))
     _check(sch, chain, cplan, dev)
     warp = dev.gpu.warp_size

@@ -27,13 +27,14 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_reduction,
+                                          perfect_split, realize_of, require)
 from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.backends.cuda.tensorcore import apply_tensorcore
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.hardware.model import DTYPE_BYTES
-from tvm_roller.core.rtile import RTile
-from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_reduction, perfect_split,
-                     realize_of, require)
 
 _VECTOR_BYTES = 16  # widest CUDA vector access (float4 / half8); wider is invalid CUDA
 _UNROLL_STEP = 256
@@ -143,8 +144,6 @@ class _VariableWindow(Exception):
 def apply_tiled(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
                 global_inputs: frozenset = frozenset()) -> s_tir.Schedule:
     if t.tensor_core:
-        from tvm_roller.backends.cuda.tensorcore import apply_tensorcore
-
         return apply_tensorcore(func, fa, t)
     try:
         return _apply_tiled(func, fa, t, dev, global_inputs)

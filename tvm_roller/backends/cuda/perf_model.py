@@ -11,11 +11,11 @@ import math
 from typing import Dict, Sequence
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.hardware.model import DTYPE_BYTES
 from tvm_roller.analysis.traffic import input_bytes, num_tiles, output_bytes, register_loads
 from tvm_roller.core.estimate import finish
 from tvm_roller.core.rtile import RTile, ceil_div
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware.model import DTYPE_BYTES
 
 LAUNCH_S = 3e-6  # kernel launch and tail
 # thread-FMAs in flight per SM that saturate its 4 x 32 FP32 lanes (about 4-cycle latency,

@@ -16,14 +16,16 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.analysis.traffic import param_bytes, input_bytes, num_tiles, register_loads
+from tvm_roller.backends.cuda import tensorcore as tc
+from tvm_roller.backends.cuda.perf_model import (estimated_registers, predict_streaming,
+                                                 predict_tiled)
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.growth import grow_by_reuse
+from tvm_roller.core.rtile import RTile, aligned_steps
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.hardware.gpu import smem_limit
 from tvm_roller.hardware.model import DTYPE_BYTES
-from tvm_roller.analysis.traffic import param_bytes, input_bytes, num_tiles, register_loads
-from tvm_roller.backends.cuda.perf_model import estimated_registers, predict_streaming, predict_tiled
-from tvm_roller.core.growth import grow_by_reuse
-from tvm_roller.core.rtile import RTile, aligned_steps
 
 Tile = Tuple[int, ...]
 _MAX_ACC = 64  # accumulators per thread: 8x8 leaves room for operands at 2 blocks per SM
@@ -201,8 +203,6 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 # -- tensor cores ------------------------------------------------------------------------------
 def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 32-64."""
-    from tvm_roller.backends.cuda import tensorcore as tc
-
     if not all(str(a.dtype) == "float16" for a in fa.reads) or len(fa.spatial) < 2:
         return []
     if len(fa.reduction) != 1:

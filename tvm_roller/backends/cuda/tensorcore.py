@@ -52,8 +52,8 @@ tir_pipeline=tir_pipeline(tile))`` under ``PassContext(config=pass_config(tile))
     ``tir_pipeline(tile)`` names a copy of TVM's "s_tir" pipeline that runs without CSE and
     repeats the pass (for every function of the module it compiles).
 
-What was checked without a GPU (``tests/test_cuda_tensorcore.py``): TVM lowers the schedules;
-nvcc (sm_80, sm_90) compiles them with no spills and no stack frame; ``verify_gpu_code`` passes
+What was checked without a GPU (``tests/backends/cuda/test_tensorcore.py``): TVM lowers the
+schedules; nvcc (sm_80, sm_90) compiles them with no spills and no stack frame; ``verify_gpu_code`` passes
 on the lowered kernel; the PTX holds (wmma.)mma.sync and cp.async; and the generated CUDA, run
 on the host by an emulator (threads as OS threads, barriers, warp-collective ldmatrix / mma.sync
 and wmma with the PTX ISA's fragment layouts, deferred cp.async), matches numpy on small shapes.
@@ -69,10 +69,11 @@ from tvm import s_tir
 
 from tvm_roller.analysis import FuncAnalysis, unwrap_func
 from tvm_roller.analysis.access import build_access
-from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware.model import dtype_bytes
-from tvm_roller.core.rtile import RTile
 from tvm_roller.analysis.schedule import SCHEDULE_ERRORS, attempt, axis_loops
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware import gpu
+from tvm_roller.hardware.model import dtype_bytes
 
 WMMA = "wmma_16x16x16_f16f32"
 MMA = "mma_m16n8k16_f16f32"
@@ -284,8 +285,6 @@ def smem_bytes(fa: FuncAnalysis, tile: RTile) -> int:
 def validate_tile(fa: FuncAnalysis, tile: RTile, dev) -> None:
     """Raise UnsupportedError with the reason when ``tile`` is not valid for tensor cores on
     ``dev`` (a GPU ``DeviceModel``); see the module docstring for the rules."""
-    from tvm_roller.hardware import gpu
-
     g = gemm_structure(fa)
     _check_tile(fa, g, tile)
     if getattr(dev, "kind", None) != "gpu":

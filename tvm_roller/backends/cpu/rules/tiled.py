@@ -6,27 +6,18 @@ from typing import List
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
-from tvm_roller.backends.base import OpRule, check_nested_tiles
+from tvm_roller.backends.base import TiledOpRule
 from tvm_roller.backends.cpu import lower, policy
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 
 
-class TiledRule(OpRule):
-    name = "tiled"
-
+class TiledRule(TiledOpRule):
     def matches(self, fa: FuncAnalysis) -> bool:
         return fa.kind == "tiled"
 
-    def tile_kind(self, fa: FuncAnalysis) -> str:
-        return "tiled"
-
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
         return policy.construct_tiled(fa, dev, topk)
-
-    def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
-        super().validate(tile, fa, dev)
-        check_nested_tiles(tile, fa, ("reg", "task"))
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
               dev: DeviceModel) -> s_tir.Schedule:

@@ -6,28 +6,22 @@ from typing import List
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
-from tvm_roller.backends.base import InvalidTile, OpRule, check_nested_tiles
+from tvm_roller.backends.base import InvalidTile, TiledOpRule
 from tvm_roller.backends.cuda import lower, policy, tensorcore
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 
 
-class TiledRule(OpRule):
-    name = "tiled"
-
+class TiledRule(TiledOpRule):
     def matches(self, fa: FuncAnalysis) -> bool:
         return policy.gpu_kind(fa) == "tiled"
-
-    def tile_kind(self, fa: FuncAnalysis) -> str:
-        return "tiled"
 
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
         return policy.construct_tiled(fa, dev, topk)
 
     def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
         super().validate(tile, fa, dev)
-        check_nested_tiles(tile, fa, ("reg", "task"))
         if tile.backend != "cuda" or tile.threads < 1:
             raise InvalidTile(f"not a CUDA block tile (backend {tile.backend!r}, "
                               f"{tile.threads} threads)")

@@ -1,7 +1,7 @@
 """The CUDA backend without a GPU: device models from targets, construction, the drop-in points.
 
-Compiling every suite workload with nvcc is tests/test_cuda_suite.py; the kernels run only on the
-lent device (python/gpu_check.py).
+Compiling every suite workload with nvcc is tests/tools/cuda_check/test_suite_kernels.py; the
+kernels run only on the lent device (python/gpu_check.py).
 """
 from __future__ import annotations
 

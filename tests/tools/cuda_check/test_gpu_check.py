@@ -19,7 +19,7 @@ import pytest
 
 from tvm_roller.cuda_check import gpu_check as g
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO_ROOT as ROOT  # noqa: E402
 SCRIPT = ROOT / "python" / "gpu_check.py"  # the command line (run as a program only)
 HAVE_NVCC = bool(os.environ.get("TVM_ROLLER_NVCC") or shutil.which("nvcc")
                  or os.path.isfile("/usr/local/cuda/bin/nvcc"))

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import REPO_ROOT
 from tvm_roller.fusion import (Chain, ChainPlan, Loop, Op, TensorUse, conv_chain, data_movement,
                                format_plan, gemm_chain, memory_usage, mlp_chain, plan_chain,
                                tile_candidates)
@@ -217,10 +218,9 @@ def test_single_op_and_validation(dev):
 
 
 def test_module_does_not_import_tvm():
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "tvm_roller", "fusion",
-                        "movement.py")
+    path = REPO_ROOT / "tvm_roller" / "fusion" / "movement.py"  # alone: no package __init__
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('movement', {os.path.abspath(path)!r})\n"
+            f"spec = importlib.util.spec_from_file_location('movement', {str(path)!r})\n"
             "m = importlib.util.module_from_spec(spec); sys.modules['movement'] = m\n"
             "spec.loader.exec_module(m)\n"
             "assert m.gemm_chain(1, 8, 8, 8, 8).flops() > 0\n"

@@ -21,7 +21,7 @@ from tvm_roller.backends.registry import backend_for
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import RTile, aligned_steps, padding_waste
 
-from conftest import TARGET, device
+from conftest import REPO_ROOT, TARGET, device
 
 DEFAULT_MULTIPLES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 48, 64, 96, 128)
 
@@ -234,7 +234,7 @@ def test_construction_is_deterministic_across_processes():
         dev = tvm_roller.hardware.preset("x86-avx512")
         print(json.dumps([t.to_json() for t in tvm_roller.plan(f, %r, topk=3, device=dev).tiles]))
     """) % (TARGET,)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO_ROOT)
     env = dict(os.environ, PYTHONHASHSEED="12345",
                PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "")
                                                     .split(os.pathsep) if p]))

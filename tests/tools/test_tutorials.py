@@ -10,7 +10,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO_ROOT as ROOT  # noqa: E402
 
 # notebook -> strings its printed output must contain
 NOTEBOOKS = {
