@@ -71,7 +71,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
         outer.name: bytes_l3 / (outer.bandwidth_gbs * 1e9 * (1 if outer.shared else busy)),
         "DRAM-once": unique / (dev.dram.bandwidth_gbs * 1e9),
     }
-    return finish(t, terms, _LAUNCH_OVERHEAD_S + _TASK_OVERHEAD_S * waves, tasks)
+    return finish(t, terms, (_LAUNCH_OVERHEAD_S, _TASK_OVERHEAD_S * waves), tasks)
 
 
 def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved: int,
@@ -86,4 +86,4 @@ def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved:
         src.name: bytes_moved / bw,
         "compute": flops / (dev.peak_per_unit(fa.dtype) * 1e9 * cores * eff_simd),
     }
-    return finish(t, terms, _LAUNCH_OVERHEAD_S)
+    return finish(t, terms, (_LAUNCH_OVERHEAD_S,))

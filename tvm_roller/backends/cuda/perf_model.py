@@ -101,4 +101,4 @@ def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved:
 
 
 def _finish(t: RTile, terms: Dict[str, float], blocks: int) -> RTile:
-    return finish(t, terms, LAUNCH_S, blocks)
+    return finish(t, terms, (LAUNCH_S,), blocks)
