@@ -11,7 +11,8 @@ the *key material*:
 * ``target``: the normalised target (``hardware.normalize_target``) as sorted JSON.
 * ``device``: ``DeviceModel.to_json()`` without ``source`` (where the numbers came from is not a
   number the policy reads): a recalibration or another preset changes the key.
-* ``roller``: ``tvm_roller.__version__`` plus a digest of the package's source files (an editable
+* ``roller``: ``tvm_roller.__version__`` plus a digest of the source folders that decide the tiles
+  (``core``, ``hardware``, ``analysis``, ``fusion``, ``backends`` and the planner: an editable
   install keeps its version while the policy changes), and the TVM / tvm-ffi versions.
 
 Each file holds ``{"format", "key", "material", "topk", "tiles", "created", "checksum"}`` where
@@ -27,10 +28,10 @@ same plan). No lock is needed. Temporary files are removed on any error; one lef
 process is swept by a later ``put`` into the same directory once it is an hour old.
 
 A cached tile can never produce a wrong kernel: a tile only chooses loop splits and annotations, and
-the ``s_tir`` schedule primitives preserve the function's semantics or raise. Tiles are still
-checked against the function's analysis before use (a tile whose splits make no sense can crash
-TVM natively, so it must never reach ``apply``), and :func:`cached_schedule` re-plans when applying
-a cached tile raises.
+the ``s_tir`` schedule primitives preserve the function's semantics or raise. A hit goes through
+the planner like a fresh plan (``api.plan_prepared``): the function's op rule validates each
+cached tile first (a tile whose splits make no sense can crash TVM natively, so it must never
+reach ``apply``), and :func:`cached_schedule` re-plans when applying a cached tile raises.
 """
 from __future__ import annotations
 
@@ -310,7 +311,8 @@ def _parse_entry(raw: bytes, k: _Key) -> Tuple[List[RTile], int]:
     if entry["key"] != k.digest or entry["material"] != k.material:
         raise _BadEntry("entry belongs to another key")
     topk, raw_tiles = entry["topk"], entry["tiles"]
-    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1 and isinstance(raw_tiles, list) and raw_tiles
+    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1
+            and isinstance(raw_tiles, list) and raw_tiles
             and all(isinstance(d, dict) for d in raw_tiles)):
         raise _BadEntry("no tiles")
     tiles = [RTile.from_json(json.dumps(d)) for d in raw_tiles]

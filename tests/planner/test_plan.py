@@ -15,21 +15,13 @@ from tvm_roller.fusion.workloads import gemm_chain
 from conftest import TARGET, device
 
 
-def _matmul(m=48, k=40, n=36):
+def _matmul(m=48, k=40, n=36, b_transposed=False):
+    """A . B, or A . B^T (no contiguous output vector on a CPU: streamed there, tiled on a GPU)."""
     A = te.placeholder((m, k), "float32", name="A")
-    B = te.placeholder((k, n), "float32", name="B")
+    B = te.placeholder((n, k) if b_transposed else (k, n), "float32", name="B")
     r = te.reduce_axis((0, k), "k")
     return te.create_prim_func([A, B, te.compute((m, n), lambda i, j: te.sum(
-        A[i, r] * B[r, j], axis=r), name="C")])
-
-
-def _matmul_nt(m=96, k=40, n=64):
-    """A . B^T: no contiguous output vector on a CPU (streamed there), tiled on a GPU."""
-    A = te.placeholder((m, k), "float32", name="A")
-    B = te.placeholder((n, k), "float32", name="B")
-    r = te.reduce_axis((0, k), "k")
-    return te.create_prim_func([A, B, te.compute((m, n), lambda i, j: te.sum(
-        A[i, r] * B[j, r], axis=r), name="C")])
+        A[i, r] * (B[j, r] if b_transposed else B[r, j]), axis=r), name="C")])
 
 
 def _softmax(rows=7, cols=129):
@@ -43,7 +35,7 @@ def _conv():
     return te.create_prim_func([X, W, topi.nn.conv2d_nhwc(X, W, 1, 1, 1, out_dtype="float32")])
 
 
-CASES = {"matmul": (_matmul, "tiled"), "matmul_nt": (_matmul_nt, "streaming"),
+CASES = {"matmul": (_matmul, "tiled"), "matmul_nt": (lambda: _matmul(96, 40, 64, b_transposed=True), "streaming"),
          "softmax": (_softmax, "streaming"), "conv": (_conv, "conv")}
 CUDA = "nvidia/nvidia-h100"
 

@@ -1,4 +1,4 @@
-"""ROLLER construction policy: grow an rTile level by level by data-reuse score, then scale out.
+"""The CPU's ROLLER construction: grow an rTile level by level by data-reuse score, scale out.
 
 Scale-up: from an aligned unit tile, repeatedly enlarge the axis whose next aligned size has the
 best reuse score S_i = (Q(T) - Q(T'_i)) / (F(T'_i) - F(T)) (Q: traffic into the level, F: the
