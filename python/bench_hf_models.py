@@ -12,13 +12,10 @@ slowest kernels (Relax VM instrument). Prints a markdown table; ``--json`` keeps
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 
 DEFAULT_MODELS = "bert,gpt2,vit,resnet,mobilenet_v2,whisper_encoder"
@@ -39,25 +36,12 @@ def _median_time(fn, min_s: float = 1.0, min_runs: int = 5) -> float:
 
 
 def _kernel_profile(vm, arg, calls: int = 5, top: int = 8) -> list:
-    """(kernel, ms per call, share) of the slowest PrimFuncs, from the VM's instrument."""
-    from tvm import relax
+    """(kernel, ms per call, share) of the slowest PrimFuncs."""
+    from tvm_roller.examples.measure import kernel_times, slowest
 
-    acc, t0 = collections.defaultdict(float), {}
-
-    def instrument(func, name, before_run, ret_value, *args):
-        if before_run:
-            t0[name] = time.perf_counter()
-        else:
-            acc[name] += time.perf_counter() - t0[name]
-        return relax.VMInstrumentReturnKind.NO_OP
-
-    vm.set_instrument(instrument)
-    for _ in range(calls):
-        vm["main"](arg)
-    vm.set_instrument(None)
-    total = sum(acc.values()) or 1.0
-    rows = sorted(acc.items(), key=lambda kv: -kv[1])[:top]
-    return [(name, t / calls * 1e3, t / total) for name, t in rows]
+    times = kernel_times(vm, arg, calls)
+    total = sum(times.values()) or 1.0
+    return [(name, t * 1e3, t / total) for name, t in slowest(times, top)]
 
 
 def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) -> dict:
@@ -164,21 +148,18 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
+    from tvm_roller.examples.measure import run_isolated
+
     rows = []
     for name in args.models.split(","):
-        # a fresh process and cache per model: the cold compile is cold, and one model's
-        # thread pools and allocator state do not slow the next
-        with tempfile.TemporaryDirectory(prefix="roller-hf-") as tmp:
-            env = dict(os.environ, TVM_ROLLER_CACHE=os.path.join(tmp, "cache"))
-            out = os.path.join(tmp, "row.json")
-            cmd = [sys.executable, __file__, "--one", name, "--size", args.size, "--out", out]
-            cmd += ["--no-inductor"] * args.no_inductor + ["--keep-layouts"] * args.keep_layouts
-            proc = subprocess.run(cmd, env=env)
-            if proc.returncode != 0:
-                print(f"{name}: failed (exit {proc.returncode})", file=sys.stderr)
-                continue
-            with open(out, encoding="utf-8") as fh:
-                rows.append(json.load(fh))
+        # a fresh process and cache per model (see run_isolated)
+        opts = ["--one", name, "--size", args.size] + ["--no-inductor"] * args.no_inductor \
+            + ["--keep-layouts"] * args.keep_layouts
+        run = run_isolated(__file__, opts)
+        if run.row is None:
+            print(f"{name}: failed ({run.status})", file=sys.stderr)
+            continue
+        rows.append(run.row)
     print(f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "
           f"size {args.size}" + (", model's conv layouts" if args.keep_layouts else "") + "\n")
     print(_table(rows))

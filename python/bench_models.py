@@ -12,9 +12,7 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 
 
@@ -49,19 +47,16 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
-    # each model in a fresh process with a fresh cache: one model's thread pools, allocator
-    # state and caches must not slow the next one down (measured: they did, by up to 1.6x)
+    from tvm_roller.examples.measure import run_isolated
+
+    # each model in a fresh process with a fresh cache (see run_isolated)
     rows = []
     for name in args.models.split(","):
-        with tempfile.TemporaryDirectory(prefix="roller-bench-") as tmp:
-            env = dict(os.environ, TVM_ROLLER_CACHE=os.path.join(tmp, "cache"))
-            out = os.path.join(tmp, "row.json")
-            cmd = [sys.executable, __file__, "--one", name, "--json", out]
-            if args.no_tvm_default:
-                cmd.append("--no-tvm-default")
-            subprocess.run(cmd, env=env, check=True)
-            with open(out, encoding="utf-8") as fh:
-                rows.append(json.load(fh))
+        run = run_isolated(__file__, ["--one", name] + ["--no-tvm-default"] * args.no_tvm_default,
+                           out_flag="--json")
+        if run.row is None:
+            raise SystemExit(f"{name}: failed ({run.status})")
+        rows.append(run.row)
     import torch
 
     print(f"\n{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "

@@ -8,7 +8,6 @@ build, averaged over 20 calls (instrumented calls run a little slower than plain
 from __future__ import annotations
 
 import argparse
-import collections
 import time
 
 import numpy as np
@@ -48,23 +47,12 @@ def main() -> None:
     print(f"roller {roller_s * 1e3:.2f} ms, PyTorch {torch_s * 1e3:.2f} ms: "
           f"roller speed = {torch_s / roller_s:.2f}x PyTorch")
 
-    acc: dict = collections.defaultdict(float)
-    start: dict = {}
+    from tvm_roller.examples.measure import kernel_times, slowest
 
-    def instrument(func, name, before_run, ret_value, *rest):
-        if before_run:
-            start[name] = time.perf_counter()
-        else:
-            acc[name] += time.perf_counter() - start[name]
-        return relax.VMInstrumentReturnKind.NO_OP
-
-    vm.set_instrument(instrument)
-    calls = 20
-    for _ in range(calls):
-        vm["main"](arg)
-    for name, t in sorted(acc.items(), key=lambda kv: -kv[1])[:14]:
-        print(f"{name[:60]:<60} {t / calls * 1e3:.3f} ms")
-    print(f"sum of all kernels {sum(acc.values()) / calls * 1e3:.2f} ms")
+    times = kernel_times(vm, arg, calls=20)
+    for name, t in slowest(times, 14):
+        print(f"{name[:60]:<60} {t * 1e3:.3f} ms")
+    print(f"sum of all kernels {sum(times.values()) * 1e3:.2f} ms")
     if args.torch_profile:
         with torch.autograd.profiler.profile() as prof, torch.no_grad():
             for _ in range(10):

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 
 _TEXT = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
              vocab_size=1000)
@@ -158,25 +155,21 @@ def main() -> int:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(run_one(args.one), fh)
         return 0
+    from tvm_roller.examples.measure import run_isolated
+
     rows = []
     for arch in args.archs.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "row.json")
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--one", arch, "--out", out],
-                                      capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                rows.append({"arch": arch, "stage": "timeout"})
-                continue
-            if proc.returncode == 0:
-                with open(out, encoding="utf-8") as fh:
-                    rows.append(json.load(fh))
-            else:
-                tail = [line for line in proc.stderr.strip().splitlines()
-                        if "Error" in line or "error" in line][-1:] or \
-                    proc.stderr.strip().splitlines()[-1:]
-                rows.append({"arch": arch, "stage": f"failed (exit {proc.returncode})",
-                             "message": tail[0][:200] if tail else ""})
+        run = run_isolated(__file__, ["--one", arch], fresh_cache=False, capture=True,
+                           timeout=args.timeout)
+        if run.row is not None:
+            rows.append(run.row)
+        elif run.status == "timeout":
+            rows.append({"arch": arch, "stage": "timeout"})
+        else:
+            err = run.stderr.strip().splitlines()
+            tail = [line for line in err if "Error" in line or "error" in line][-1:] or err[-1:]
+            rows.append({"arch": arch, "stage": f"failed ({run.status})",
+                         "message": tail[0][:200] if tail else ""})
         r = rows[-1]
         print(f"{arch}: {r['stage']} {r.get('rel_err', '')} {r.get('message', '')}",
               file=sys.stderr, flush=True)
