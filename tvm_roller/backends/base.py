@@ -96,19 +96,6 @@ class OpRule(ABC):
         return []
 
 
-def check_nested_tiles(tile: RTile, fa: FuncAnalysis, acc_levels: Sequence[str]) -> None:
-    """A tiled rule's levels: reg <= l1 <= l2 <= extent on spatial axes, the reduction chunk at
-    most the axis, the accumulator in one of ``acc_levels`` (raises InvalidTile)."""
-    if tile.acc_level not in acc_levels:
-        raise InvalidTile(f"tile acc_level {tile.acc_level!r}")
-    for i, a in enumerate(fa.axes):
-        if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= a.extent:
-            raise InvalidTile(f"axis {a.name}: tiles reg {tile.reg[i]} <= l1 {tile.l1[i]} <= "
-                              f"l2 {tile.l2[i]} <= extent {a.extent} do not hold")
-        if a.kind == "R" and not tile.l1[i] <= a.extent:
-            raise InvalidTile(f"axis {a.name}: reduction chunk {tile.l1[i]} > extent {a.extent}")
-
-
 class TiledOpRule(OpRule):
     """The tiled (reuse-heavy) class every backend has: nested register / cache (or block)
     tiles, the accumulator in registers or per task."""
@@ -119,8 +106,18 @@ class TiledOpRule(OpRule):
         return "tiled"
 
     def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
+        """Also: reg <= l1 <= l2 <= extent on spatial axes, the reduction chunk at most the
+        axis, the accumulator in registers or per task."""
         super().validate(tile, fa, dev)
-        check_nested_tiles(tile, fa, ("reg", "task"))
+        if tile.acc_level not in ("reg", "task"):
+            raise InvalidTile(f"tile acc_level {tile.acc_level!r}")
+        for i, a in enumerate(fa.axes):
+            if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= a.extent:
+                raise InvalidTile(f"axis {a.name}: tiles reg {tile.reg[i]} <= l1 {tile.l1[i]} "
+                                  f"<= l2 {tile.l2[i]} <= extent {a.extent} do not hold")
+            if a.kind == "R" and not tile.l1[i] <= a.extent:
+                raise InvalidTile(f"axis {a.name}: reduction chunk {tile.l1[i]} > extent "
+                                  f"{a.extent}")
 
 
 class ChainRule(ABC):
@@ -213,9 +210,3 @@ class Backend(ABC):
                 return rule
         raise UnsupportedError(f"no {self.name} rule takes {fa.main} ({fa.kind}); rules: "
                                + ", ".join(r.name for r in self.rules))
-
-    def rule_named(self, name: str) -> OpRule:
-        for rule in self.rules:
-            if rule.name == name:
-                return rule
-        raise KeyError(f"{self.name} has no rule {name!r}")

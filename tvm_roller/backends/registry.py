@@ -42,14 +42,6 @@ def has_backend(target: tvm.target.Target) -> bool:
     return target.kind.name in _BACKENDS
 
 
-def backend_named(name: str) -> Backend:
-    """The backend whose ``name`` (``RTile.backend``) is ``name``."""
-    for b in _BACKENDS.values():
-        if b.name == name:
-            return b
-    raise UnsupportedError(f"no backend named {name!r}")
-
-
 def device_model(target: TargetLike) -> DeviceModel:
     """The device model of a target (a preset, the host's /sys or a calibration; no live
     device)."""
