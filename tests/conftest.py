@@ -4,6 +4,7 @@
   reads (or writes) this machine's calibration cache.
 * ``TARGET`` / ``device()``: the fixed target and preset device model the op tests plan for, so
   the constructed schedules do not depend on calibration or on the host.
+* every CUDA module a test builds with roller is compiled by nvcc (``check_executable``).
 * ``rand`` / ``run`` / ``assert_close``: random (never zero) inputs, calling a built module with
   a NaN-filled output (an element the kernel never writes stays NaN and fails the check), and a
   relative max-error comparison against a float64 numpy reference.
@@ -54,6 +55,38 @@ def pytest_unconfigure(config):
 def _private_roller_cache(monkeypatch):
     """Keep every test on the session's private cache even if a test changed the variable."""
     monkeypatch.setenv("TVM_ROLLER_CACHE", _CACHE_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _nvcc_checks_cuda_builds(monkeypatch):
+    """Every CUDA module ``tvm_roller.build`` or ``tvm_roller.relax.compile`` returns in a test
+    goes through nvcc + ``ptxas -v`` (when nvcc is on the machine): a kernel ptxas rejects, or
+    one over the device's thread or static shared-memory limits, fails the test that built it."""
+    if shutil.which("nvcc") is None and not os.environ.get("TVM_ROLLER_NVCC"):
+        return
+    import tvm
+
+    import tvm_roller
+    from tvm_roller import api, relax
+    from tvm_roller.backends.registry import backend_for, has_backend
+
+    def checked(build):
+        def wrapper(mod, target, *args, **kwargs):
+            ex = build(mod, target, *args, **kwargs)
+            tgt = tvm.target.Target(target)
+            if has_backend(tgt) and backend_for(tgt).name == "cuda":
+                from tvm_roller.cuda_check import check_executable, nvcc_supports
+                from tvm_roller.hardware.gpu import target_cc
+
+                # TVM's default arch (sm_50) is one CUDA 13's nvcc no longer compiles for
+                if nvcc_supports(target_cc(tgt).arch):
+                    check_executable(ex, target, kwargs.get("device"))
+            return ex
+        return wrapper
+
+    monkeypatch.setattr(api, "build", checked(api.build))
+    monkeypatch.setattr(tvm_roller, "build", checked(tvm_roller.build))
+    monkeypatch.setattr(relax, "compile", checked(relax.compile))
 
 
 def device():

@@ -18,7 +18,7 @@ PKG = ROOT / "tvm_roller"
 # Where a target kind string may pick code: the registry and the backends; the CPU device model
 # reads LLVM targets (its own kind check); tools name targets as data (defaults, test lists).
 KIND_STRINGS_ALLOWED = ("backends/", "hardware/cpu.py", "hardware/calibrate.py", "suite/",
-                        "costcheck/", "cuda_check/", "examples/", "cli.py")
+                        "costcheck/", "cuda_check/", "examples/", "random_cases/", "cli.py")
 
 
 def _modules():

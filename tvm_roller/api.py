@@ -8,6 +8,7 @@ tile through the same rule. No backend is named here.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ def plan_prepared(prep: Prepared, topk: int = 1,
     does not fit) and uses them. A chain of two matmuls also gets its fusion decision."""
     fa, dev, rule = prep.analysis, prep.device, prep.rule
     if tiles is None:
-        tiles = rule.construct(fa, dev, topk)
+        tiles = _feasible(rule.construct(fa, dev, topk), fa, rule, dev)
         from_cache = False
     else:
         for t in tiles:
@@ -112,6 +113,18 @@ def plan_prepared(prep: Prepared, topk: int = 1,
     chain, fusion = _plan_chain(fa, prep.backend, dev)
     return Plan(fa, prep.target, dev, tuple(tiles), prep.backend, rule, prep.target_notes,
                 time.perf_counter() - prep.started, chain, fusion, from_cache)
+
+
+def _feasible(tiles: Sequence[RTile], fa: FuncAnalysis, rule: OpRule, dev: DeviceModel) -> List[RTile]:
+    """The candidates the device can run: a plan none of whose tiles fits (predicted to take
+    forever: too many threads, too much shared memory, no occupancy) is a decline, never a
+    built kernel."""
+    ok = [t for t in tiles if math.isfinite(t.predicted_s)]
+    if not ok:
+        why = ", ".join(sorted({t.bound for t in tiles})) or "no candidate"
+        raise UnsupportedError(f"no {rule.name} tile of {fa.main} fits {dev.name} (bound by "
+                               f"{why})")
+    return ok
 
 
 def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None) -> Plan:

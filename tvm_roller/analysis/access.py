@@ -87,23 +87,30 @@ class Access:
 
     def footprint(self, tile: Tuple[int, ...]) -> int:
         """Number of distinct elements (as a dense box) touched by a tile of the block space."""
-        key = tuple(tile)
-        hit = self._cache.get(key)
+        return self._box(tuple(tile), strided=True)
+
+    def hull(self, tile: Tuple[int, ...]) -> int:
+        """Elements of the dense box that holds a tile's accesses: what a buffer staging them
+        (a shared-memory tile) allocates, strided rows and the gaps between them included."""
+        return self._box(tuple(tile), strided=False)
+
+    def _box(self, key: Tuple[int, ...], strided: bool) -> int:
+        hit = self._cache.get((key, strided))
         if hit is not None:
             return hit
         total = 1
         last = len(self.dims) - 1
         for k, d in enumerate(self.dims):
             if d.coeffs is not None:
-                span = sum(abs(c) * (t - 1) for c, t in zip(d.coeffs, tile)) + d.extent
-                if k != last and d.extent == 1:
+                span = sum(abs(c) * (t - 1) for c, t in zip(d.coeffs, key)) + d.extent
+                if strided and k != last and d.extent == 1:
                     # a strided window (y * s + ry, s > 1) touches at most one row per point:
                     # a whole row/pixel apart from the next, unlike the contiguous last dim
-                    span = min(span, math.prod(t for c, t in zip(d.coeffs, tile) if c))
+                    span = min(span, math.prod(t for c, t in zip(d.coeffs, key) if c))
             else:
                 span = _nonaffine_span(d.expr, tuple(self._vars), key) + d.extent
             total *= min(span, d.size)
-        self._cache[key] = total
+        self._cache[(key, strided)] = total
         return total
 
     def _expr_axes(self, expr) -> List[int]:

@@ -15,6 +15,12 @@ def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
     return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.reads)
 
 
+def staged_input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
+    """Bytes of the inputs' dense boxes for a tile: what staging them in a buffer allocates
+    (``input_bytes`` counts the distinct elements a strided window touches)."""
+    return sum(acc.hull(tuple(tile)) * acc.bytes_per_elem for acc in fa.reads)
+
+
 def output_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
     return sum(acc.footprint(tuple(tile)) * acc.bytes_per_elem for acc in fa.writes)
 

@@ -105,6 +105,10 @@ class TiledOpRule(OpRule):
     def tile_kind(self, fa: FuncAnalysis) -> str:
         return "tiled"
 
+    def tile_limit(self, extent: int) -> int:
+        """The largest tile along a spatial axis of ``extent`` (larger ones are predicated)."""
+        return extent
+
     def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
         """Also: reg <= l1 <= l2 <= extent on spatial axes, the reduction chunk at most the
         axis, the accumulator in registers or per task."""
@@ -112,9 +116,11 @@ class TiledOpRule(OpRule):
         if tile.acc_level not in ("reg", "task"):
             raise InvalidTile(f"tile acc_level {tile.acc_level!r}")
         for i, a in enumerate(fa.axes):
-            if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= a.extent:
+            limit = self.tile_limit(a.extent)
+            if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= limit:
                 raise InvalidTile(f"axis {a.name}: tiles reg {tile.reg[i]} <= l1 {tile.l1[i]} "
-                                  f"<= l2 {tile.l2[i]} <= extent {a.extent} do not hold")
+                                  f"<= l2 {tile.l2[i]} <= {limit} (extent {a.extent}) do not "
+                                  "hold")
             if a.kind == "R" and not tile.l1[i] <= a.extent:
                 raise InvalidTile(f"axis {a.name}: reduction chunk {tile.l1[i]} > extent "
                                   f"{a.extent}")

@@ -2,7 +2,8 @@
 bundles a lent GPU machine runs without TVM. Not imported by the library (``tvm_roller``).
 
 * ``build``      lower a scheduled module, its kernel launches (:class:`KernelBundle`),
-                 ``verify_gpu_code``, nvcc/ptxas (``compile_cubin``), all in one ``check``.
+                 ``verify_gpu_code``, nvcc/ptxas (``compile_cubin``), all in one ``check``;
+                 ``check_executable``: nvcc on every kernel of an already built module.
 * ``replica``    ``cpu_replica``: the same schedule as a CPU program LLVM builds.
 * ``gpu_check``  the device check (``python/gpu_check.py`` is its command line): ``build``
                  writes bundles here, ``run`` times them on the GPU machine with CuPy/PyTorch.
@@ -16,9 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any, List
 
 _EXPORTS = {
-    "check": "build", "compile_cubin": "build", "compile_ptx": "build",
-    "kernel_launches": "build", "lower": "build", "nvcc_version": "build",
-    "ptx_tensor_core": "build", "verify": "build",
+    "check": "build", "check_executable": "build", "compile_cubin": "build",
+    "compile_ptx": "build", "kernel_launches": "build", "lower": "build",
+    "nvcc_supports": "build", "nvcc_version": "build", "ptx_tensor_core": "build",
+    "verify": "build",
     "CheckReport": "build", "CudaCompileError": "build", "KernelBundle": "build",
     "PtxasReport": "build",
     "cpu_replica": "replica",
@@ -27,8 +29,9 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs only
     from tvm_roller.cuda_check.build import (CheckReport, CudaCompileError, KernelBundle,
-                                             PtxasReport, check, compile_cubin, compile_ptx,
-                                             kernel_launches, lower, nvcc_version,
+                                             PtxasReport, check, check_executable,
+                                             compile_cubin, compile_ptx, kernel_launches,
+                                             lower, nvcc_supports, nvcc_version,
                                              ptx_tensor_core, verify)
     from tvm_roller.cuda_check.replica import cpu_replica
 

@@ -491,6 +491,10 @@ def _verify_lowered(lowered: tvm.IRModule, dev: DeviceModel) -> List[str]:
         smem = sum(v for k, v in alloc.items() if k.startswith("shared"))
         if smem > limit:
             problems.append(f"{name}: {smem} bytes of shared memory > {limit} per block on {dev.name}")
+        static = alloc.get("shared", 0)  # __shared__ arrays: no opt-in above the static limit
+        if static > dev.gpu.smem_per_block:
+            problems.append(f"{name}: {static} bytes of static shared memory > "
+                            f"{dev.gpu.smem_per_block} (dynamic shared memory can opt in to more)")
         problems += [f"{name}: {m}" for m in misaligned_vectors(kern)]
     return problems
 
@@ -559,6 +563,17 @@ def _nvcc_version(path: str) -> str:
 
 def nvcc_version() -> str:
     return _nvcc_version(nvcc_path())
+
+
+@lru_cache(maxsize=8)
+def _nvcc_codes(path: str) -> Tuple[str, ...]:
+    out = subprocess.run([path, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    return tuple(l.strip() for l in out.stdout.splitlines() if l.strip())
+
+
+def nvcc_supports(arch: str) -> bool:
+    """Whether this nvcc generates code for ``arch`` (CUDA 13 dropped sm_50 ... sm_72)."""
+    return _norm_arch(arch) in _nvcc_codes(nvcc_path())
 
 
 def _norm_arch(arch: str) -> str:
@@ -719,9 +734,52 @@ def check(mod: ModLike, target: TargetLike, dev: Optional[DeviceModel] = None) -
     return CheckReport(arch, source, problems, ptxas, tc, bundle)
 
 
+_STATIC_SMEM_BYTES = 48 * 1024  # static __shared__ per block, every CUDA architecture
+_MAX_BLOCK_THREADS = 1024
+_RE_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)\)")
+
+
+def _cuda_sources(module) -> List[str]:
+    """The CUDA source of every device module under ``module`` (imports, recursively)."""
+    out = []
+    for sub in module.imports:
+        if sub.kind == "cuda":
+            out.append(sub.inspect_source())
+        out += _cuda_sources(sub)
+    return out
+
+
+def check_executable(ex, target: TargetLike, dev: Optional[DeviceModel] = None) -> List[PtxasReport]:
+    """nvcc + ``ptxas -v`` on every CUDA kernel of a built module (what ``tvm_roller.build`` or
+    ``tvm.compile`` returned), against the device's limits: raises :class:`CudaCompileError`
+    when nvcc rejects a kernel or a kernel declares more threads per block or static shared
+    memory than ``dev`` (default: the target's preset) allows."""
+    tgt = _cuda_target(target)
+    if dev is None:
+        try:
+            dev = gpu.from_target(tgt)
+        except UnsupportedError:
+            dev = None  # an arch with no preset: the limits every CUDA GPU has
+    smem_cap = dev.gpu.smem_per_block if dev is not None else _STATIC_SMEM_BYTES
+    thread_cap = dev.gpu.max_threads_per_block if dev is not None else _MAX_BLOCK_THREADS
+    arch = gpu.target_cc(tgt).arch
+    module = getattr(ex, "mod", ex)
+    reports = []
+    for source in _cuda_sources(module):
+        rep = compile_cubin(source, arch)
+        over = [f"{name}: {k.smem_static} B static shared memory > {smem_cap}"
+                for name, k in rep.kernels.items() if k.smem_static > smem_cap]
+        over += [f"__launch_bounds__({n}) > {thread_cap} threads per block"
+                 for n in map(int, _RE_LAUNCH_BOUNDS.findall(source)) if n > thread_cap]
+        if over:
+            raise CudaCompileError("CUDA kernel over the device's limits: " + "; ".join(over))
+        reports.append(rep)
+    return reports
+
+
 __all__ = [
     "CudaCompileError", "ParamSpec", "Workspace", "KernelArg", "KernelLaunch", "KernelBundle",
     "KernelResources", "PtxasReport", "CheckReport", "lower", "kernel_launches", "verify",
     "device_kernels", "misaligned_vectors", "compile_cubin", "compile_ptx", "ptx_tensor_core", "parse_ptxas", "check",
-    "nvcc_path", "nvcc_version",
+    "nvcc_path", "nvcc_version", "nvcc_supports", "check_executable",
 ]

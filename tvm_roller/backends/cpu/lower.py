@@ -73,9 +73,18 @@ def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
 
 
 def _parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
-    """A leftover injective block: fused loops, parallel outer, vectorized inner."""
+    """A leftover injective block: fused loops, parallel outer, vectorized inner. A leftover
+    reduction (a mean feeding a variance) gets its row loops parallel, its reduction serial."""
     loops = sch.get_loops(block)
     if not loops:
+        return
+    if is_reduction(sch, block):
+        n_red = sum(1 for iv in sch.get(block).iter_vars if iv.iter_type != 0)
+        rows = loops[:len(loops) - n_red]  # create_prim_func order: reduction loops innermost
+        if rows:
+            row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+            if (extent(sch, row) or 1) > 1:
+                sch.parallel(row)
         return
     inner = loops[-1]
     ext = extent(sch, inner) or 1
@@ -258,6 +267,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
     red_loops = loops[len(loops) - len(red_vars):] if red_vars else []
     if not red_loops:
         return
+    _loop_every_block(sch)
     k = sch.fuse(*red_loops) if len(red_loops) > 1 else red_loops[0]
     ext = extent(sch, k) or 1
     if split_cores > 1 and ext >= split_cores * lanes * 4 and ext % (split_cores * lanes) == 0:
@@ -276,6 +286,16 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         ko, ki = sch.split(k, [None, lanes])
         rf = sch.rfactor(ki, 0)
         _vectorize_rf(sch, rf, lanes)
+
+
+def _loop_every_block(sch: s_tir.Schedule) -> None:
+    """A unit loop around every loopless block (a scalar output): TVM 0.27's rfactor fails an
+    internal check (``block_realize == old_block_realize_``) when a block beside the one it
+    rewrites sits directly under the root, e.g. ``Y = sum(X) * 0.5``."""
+    for name in block_names(sch):
+        blk = sch.get_sblock(name)
+        if not sch.get_loops(blk):
+            sch.add_unit_loop(blk)
 
 
 def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:

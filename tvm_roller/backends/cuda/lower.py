@@ -84,6 +84,9 @@ def aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
         start = at_zero.simplify(node.indices[-1])
         step = full.simplify(idx - start)
         if _is_zero(step):
+            if any(not _is_zero(full.simplify(i - at_zero.simplify(i)))
+                   for i in node.indices[:-1]):
+                return 1  # an outer dimension moves along the loop: a strided gather
             continue  # does not move along the loop: one value broadcast to every lane
         last = buf.shape[-1]
         if not (_is_zero(full.simplify(step - var)) and isinstance(last, tirx.IntImm)):
@@ -273,6 +276,7 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
             continue
         attempt(sch.compute_inline, blk)  # refused: a stage of its own (e.g. two consumers)
     names = block_names(sch)
+    _unit_row(sch, names, every=all(fa.axes[i].extent == 1 for i in fa.spatial))
     if t.kind == "elementwise":
         for name in names:
             blk = sch.get_sblock(name)
@@ -280,12 +284,15 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
         return sch
     if t.acc_level == "split":
         return _split_reduction(sch, fa, t, threads, warp)
-    rows = len(fa.spatial)
+    # the rows: the reduction's spatial extents other than 1 (a kept dimension of the
+    # statistics of a norm is a unit axis the stages after it may not have)
+    row_exts = [fa.axes[i].extent for i in fa.spatial if fa.axes[i].extent != 1]
     last = sch.get_sblock(names[-1])
     loops = sch.get_loops(last)
-    row, rest = loops[:rows], loops[rows:]
-    if len(row) != rows or not _rows_match(sch, names, rows):
+    row = _row_loops(sch, last, row_exts)
+    if row is None or any(_row_loops(sch, sch.get_sblock(n), row_exts) is None for n in names):
         raise UnsupportedError("CUDA lowering: the stages do not share the reduction's rows")
+    rest = loops[len(row):]
     if t.acc_level == "thread":
         # short reductions (pooling windows): one output per thread, earlier stages of the same
         # row computed by that thread into registers
@@ -315,12 +322,13 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
     parts = t.l2[fa.reduction[0]]
     main = sch.get_sblock(fa.main)
     loops = sch.get_loops(main)
-    kinds = [iv.iter_type for iv in sch.get(main).iter_vars]
-    spatial = [l for l, k in zip(loops, kinds) if k == 0]
-    red = [l for l, k in zip(loops, kinds) if k != 0]
+    # create_prim_func order: the row loops (or a scalar output's unit loop), then the reduction
+    n_red = sum(1 for iv in sch.get(main).iter_vars if iv.iter_type != 0)
+    spatial, red = loops[:len(loops) - n_red], loops[len(loops) - n_red:]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
     p, _, tx = sch.split(r, [parts, None, threads])
-    rf = require("CUDA lowering: splitting the reduction over blocks", sch.rfactor, p, len(spatial))
+    rf = require("CUDA lowering: splitting the reduction over blocks", sch.rfactor, p,
+                 len(fa.spatial))
     rf_loops = sch.get_loops(rf)
     bx = sch.fuse(*rf_loops[:len(spatial) + 1])
     sch.bind(bx, "blockIdx.x")
@@ -329,22 +337,49 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
     bx2 = sch.fuse(*fin[:len(spatial)]) if len(spatial) > 1 else fin[0]
     sch.bind(bx2, "blockIdx.x")
     sch.bind(fin[-1], "threadIdx.x")
+    left = set(block_names(sch))  # the consumers not inlined into a later stage
     for name in fa.consumers:
+        if name not in left:
+            continue
         blk = sch.get_sblock(name)
+        if is_reduction(sch, blk):
+            raise UnsupportedError(f"CUDA lowering: a split reduction followed by another "
+                                   f"reduction ({name})")
         _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), warp)
     return sch
 
 
-def _rows_match(sch: s_tir.Schedule, names: List[str], rows: int) -> bool:
-    exts = None
+def _unit_row(sch: s_tir.Schedule, names: List[str], every: bool) -> None:
+    """A scalar output has no row loop to give the thread blocks: a unit loop around every
+    stage (``every``), or around each loopless one, stands for its one row."""
     for name in names:
-        loops = sch.get_loops(sch.get_sblock(name))
-        e = [extent(sch, l) for l in loops[:rows]]
-        if exts is None:
-            exts = e
-        elif e != exts:
-            return False
-    return True
+        blk = sch.get_sblock(name)
+        loops = sch.get_loops(blk)
+        if every or not loops:
+            sch.add_unit_loop(loops[0] if loops else blk)
+
+
+def _row_loops(sch: s_tir.Schedule, block, row_exts: List[int]) -> Optional[list]:
+    """The leading loops of ``block`` that walk the rows: their extents other than 1 are
+    ``row_exts`` in order (unit loops among them included). None when they are not (the stage
+    does not share the rows); rows of a scalar output: its leading unit loops."""
+    loops = sch.get_loops(block)
+    out, want = [], list(row_exts)
+    for l in loops:
+        e = extent(sch, l)
+        if not want:
+            if e == 1 and not row_exts:
+                out.append(l)
+                continue
+            break
+        if e == 1:
+            out.append(l)
+        elif e == want[0]:
+            out.append(l)
+            want.pop(0)
+        else:
+            return None
+    return out if not want and out else None
 
 
 def _spread(sch: s_tir.Schedule, loops: list, threads: int) -> None:

@@ -16,13 +16,14 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.analysis.traffic import param_bytes, input_bytes, num_tiles, register_loads
+from tvm_roller.analysis.traffic import (input_bytes, num_tiles, param_bytes, register_loads,
+                                          staged_input_bytes)
 from tvm_roller.backends.cuda import tensorcore as tc
 from tvm_roller.backends.cuda.perf_model import (estimated_registers, predict_streaming,
                                                  predict_tiled)
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.growth import grow_by_reuse
-from tvm_roller.core.rtile import RTile, aligned_steps
+from tvm_roller.core.rtile import RTile, aligned_steps, padding_waste
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.hardware.gpu import smem_limit
 from tvm_roller.hardware.model import DTYPE_BYTES
@@ -31,17 +32,61 @@ Tile = Tuple[int, ...]
 _MAX_ACC = 64  # accumulators per thread: 8x8 leaves room for operands at 2 blocks per SM
 _REG_BUDGET = 96
 _BLOCK_THREADS = (32, 64, 128, 256, 512)
+# an axis may be padded up to a tile that does not divide it when at most this much of the
+# work is wasted (ROLLER's shape alignment): prime and odd extents still get aligned tiles
+PAD_EPS = 0.15
+
+
+def tile_limit(extent: int) -> int:
+    """The largest block tile along a spatial axis of ``extent``: its next power of two. A tile
+    past the extent is predicated, and lets a block of tiny or odd extents be whole warps."""
+    return 1 << max(0, (extent - 1).bit_length())
+
+
+def _spatial_steps(extent: int, reg: int) -> List[int]:
+    """Block-tile sizes along a spatial axis: multiples of the register tile that divide the
+    extent, and power-of-two multiples of it that pad the extent by at most PAD_EPS or cover
+    it in one tile (the smallest cover and the next power of two)."""
+    out = []
+    for m in range(1, tile_limit(extent) // reg + 1):
+        t = m * reg
+        if extent % t == 0:
+            out.append(t)
+        elif m & (m - 1) == 0 and (padding_waste(extent, t) <= PAD_EPS or t >= extent):
+            out.append(t)
+        elif t >= extent > t - reg:
+            out.append(t)
+    return out
 
 
 def gpu_kind(fa: FuncAnalysis) -> str:
     """Tiled when an input is reused across the outputs (some spatial axis it does not use),
-    whatever the CPU's vector-axis test said: threads need no contiguous vector axis."""
+    whatever the CPU's vector-axis test said: threads need no contiguous vector axis. A
+    reduction feeding another (a mean, then a variance) streams: a block tile's write-back
+    folds elementwise epilogues only."""
+    later = set(fa.consumers)
+    if any(b.is_reduction and b.name in later for b in fa.blocks):
+        return "reduction"
     if fa.kind != "reduction":
         return fa.kind
     spatial = math.prod(fa.axes[i].extent for i in fa.spatial)
     reused = any(any(i not in acc.axes_used() and fa.axes[i].extent > 1 for i in fa.spatial)
                  for acc in fa.reads)
-    return "tiled" if reused and spatial >= 32 else "reduction"
+    return "tiled" if reused and spatial >= 32 and not _row_per_block(fa) else "reduction"
+
+
+def _row_per_block(fa: FuncAnalysis) -> bool:
+    """GEMV-like: the largest input is read once (no spatial axis reuses it) along its
+    contiguous reduction axis, so a block per output row reads it coalesced and its threads
+    split the reduction, instead of a few block tiles streaming it through shared memory."""
+    full = tuple(a.extent for a in fa.axes)
+    big = max(fa.reads, key=lambda acc: acc.footprint(full) * acc.bytes_per_elem, default=None)
+    if big is None:
+        return False
+    inner = big.innermost_axis()
+    used = big.axes_used()
+    return (inner is not None and fa.axes[inner].kind == "R"
+            and all(i in used or fa.axes[i].extent == 1 for i in fa.spatial))
 
 
 def _base(fa: FuncAnalysis, kind: str) -> Dict:
@@ -103,7 +148,7 @@ def _reduction_chunks(fa: FuncAnalysis, dev: DeviceModel) -> List[Tile]:
             if a.kind == "S":
                 t.append(0)
             elif i == inner:
-                sizes = aligned_steps(a.extent, unit, eps=0.0, multiples=(1, 2, 4, 8))
+                sizes = aligned_steps(a.extent, unit, eps=PAD_EPS, multiples=(1, 2, 4, 8))
                 t.append(sizes[min(len(sizes) - 1, mult - 1)] if a.extent >= unit else a.extent)
             else:
                 t.append(1)
@@ -125,7 +170,7 @@ def _threads(fa: FuncAnalysis, reg: Tile, l1: Tile) -> int:
 
 def _smem(fa: FuncAnalysis, l1: Tile, stages: int) -> int:
     # rows spanning all 32 banks get one 16-byte vector of padding: at most 1/8 more
-    return input_bytes(fa, l1) * stages * 9 // 8
+    return staged_input_bytes(fa, l1) * stages * 9 // 8
 
 
 def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_threads: int,
@@ -141,8 +186,7 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     steps, start = [], []
     for i, a in enumerate(fa.axes):
         if a.kind == "S":
-            steps.append([m * reg[i] for m in range(1, a.extent // reg[i] + 1)
-                          if a.extent % (m * reg[i]) == 0])
+            steps.append(_spatial_steps(a.extent, reg[i]))
             first = steps[-1][0]
             if i == v:
                 first = next((x for x in steps[-1] if x >= row), steps[-1][-1])
@@ -180,56 +224,107 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     notes: List[str] = []
     warp = dev.gpu.warp_size
     cands: Dict[tuple, RTile] = {}
+    # the SIMT lowering declares static __shared__ tiles: at most the static limit (48 KB)
+    static_cap = smem_limit(dev, dynamic=False)
     for reg in _register_tiles(fa, notes):
         for chunk in _reduction_chunks(fa, dev):
             for max_threads in _BLOCK_THREADS:
                 for stages in (2, 1):
-                    # static shared memory only: more needs the dynamic opt-in
-                    l1 = _block_tile(fa, dev, reg, chunk, max_threads,
-                                     smem_limit(dev, dynamic=False), stages)
+                    l1 = _block_tile(fa, dev, reg, chunk, max_threads, static_cap, stages)
                     threads = _threads(fa, reg, l1)
-                    if threads < warp and num_tiles(fa, l1, fa.spatial) > 1:
-                        continue  # a partial warp while other blocks exist: grow first
+                    smem = _smem(fa, l1, stages)
+                    # blocks are whole warps (a tiny output may be one block of fewer
+                    # threads) and fit the device
+                    partial = threads % warp and not (
+                        threads < warp and num_tiles(fa, l1, fa.spatial) == 1)
+                    if partial or threads > max_threads or smem > static_cap:
+                        continue
                     t = RTile(**_base(fa, "tiled"), reg=list(reg), l1=list(l1), l2=list(l1),
                               vector_lanes=1, threads=threads, stages=stages,
-                              smem_bytes=_smem(fa, l1, stages), notes=list(notes))
+                              smem_bytes=smem, notes=list(notes))
                     predict_tiled(fa, dev, t)
-                    cands.setdefault(t.key() + (threads, stages), t)
+                    if math.isfinite(t.predicted_s):
+                        cands.setdefault(t.key() + (threads, stages), t)
     if not cands:
-        raise UnsupportedError("no CUDA tile fits the device's limits")
+        raise UnsupportedError(f"no CUDA block tile of whole warps fits {dev.name}'s limits "
+                               f"(at most {static_cap} B static shared memory per block)")
     return list(cands.values())
 
 
 # -- tensor cores ------------------------------------------------------------------------------
 def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
-    """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 32-64."""
+    """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 16-64.
+
+    An M, N or K that the block tile (K chunk) does not divide is padded up to it (ROLLER's
+    alignment to the execution unit; ``tc.padding_notes`` explains it), and such a
+    candidate is predicted with its padded extents, so the micro-model prices the waste when it
+    ranks it against the others and the SIMT tiles. Tiles stay within the extents (the padding
+    is then less than half the work); 16-wide block and warp tiles, one-warp blocks and a K
+    taken whole as one chunk (padded to 16s) only for small axes (below 128; 16-31 need them):
+    shapes whose axes are all larger get the candidates they had."""
+    import dataclasses
+
     if not all(str(a.dtype) == "float16" for a in fa.reads) or len(fa.spatial) < 2:
         return []
     if len(fa.reduction) != 1:
         return []
-    m, n, k = fa.spatial[-2], fa.spatial[-1], fa.reduction[0]
+    try:
+        g = tc.gemm_structure(fa)
+    except UnsupportedError:
+        return []
+    m, n, k = g.m, g.n, g.k
+    ext = {i: fa.axes[i].extent for i in (m, n, k)}
+
+    def sizes(axis: int, options: Tuple[int, ...]) -> List[int]:
+        return [s for s in options if s <= ext[axis] and (s > 16 or ext[axis] < 128)]
+
+    padded_fa: Dict[Tuple[int, int, int], FuncAnalysis] = {}
+
+    def padded(l1: List[int]) -> FuncAnalysis:  # l1: the K chunk as scheduled
+        key = tuple(math.ceil(ext[i] / l1[i]) * l1[i] for i in (m, n, k))
+        if key not in padded_fa:
+            axes = list(fa.axes)
+            for i, e in zip((m, n, k), key):
+                axes[i] = dataclasses.replace(axes[i], extent=e)
+            padded_fa[key] = fa if list(key) == [ext[i] for i in (m, n, k)] else \
+                dataclasses.replace(fa, axes=axes)
+        return padded_fa[key]
+
+    # a short K can also be one chunk (padded to 16s when it is not a multiple of 16)
+    chunks = sizes(k, (64, 32, 16))
+    chunks += [ext[k]] if ext[k] < 128 and ext[k] not in chunks else []
     out = []
     cap = smem_limit(dev)
     for bm, bn, bk, wm, wn, stages in itertools.product(
-            (256, 128, 64, 32), (256, 128, 64, 32), (64, 32), (64, 32), (64, 32), (4, 3, 2)):
+            sizes(m, (256, 128, 64, 32, 16)), sizes(n, (256, 128, 64, 32, 16)), chunks,
+            sizes(m, (64, 32, 16)), sizes(n, (64, 32, 16)), (4, 3, 2)):
         warps = (bm // wm) * (bn // wn)
-        if wm > bm or wn > bn or not 2 <= warps <= 8:
+        if wm > bm or wn > bn or bm % wm or bn % wn or warps > 8:
             continue
+        if warps < 2 and (bm > 32 or bn > 32 or min(ext[m], ext[n]) >= 128):
+            continue  # one warp only for small blocks of a small M or N
         l1, reg = [1] * len(fa.axes), [1] * len(fa.axes)
         l1[m], l1[n], l1[k] = bm, bn, bk
         reg[m], reg[n], reg[k] = wm, wn, 16
         t = RTile(**_base(fa, "tiled"), reg=reg, l1=l1, l2=list(l1), vector_lanes=8,
                   threads=warps * dev.gpu.warp_size, stages=stages, tensor_core=tc.WMMA)
         try:
-            tc.validate_tile(fa, t, dev)
+            tc.validate_tile(fa, t, dev, gemm=g)
         except UnsupportedError:
             continue  # not a valid tensor-core tile for this shape: not a candidate
-        t.smem_bytes = tc.smem_bytes(fa, t)
+        t.notes.extend(tc.padding_notes(fa, t, g))
+        t.smem_bytes = tc.smem_bytes(fa, t, g)
         if t.smem_bytes > cap:
             continue
-        t.notes.append(f"tensor cores: block {bm}x{bn}x{bk}, warp {wm}x{wn} in 16x16x16 "
-                       f"fragments, {stages}-stage pipeline")
-        predict_tiled(fa, dev, t)
+        sched = list(l1)
+        sched[k] = tc.pad_unit(g, t, k)
+        whole = " (all of K, padded)" if sched[k] != bk else ""
+        t.notes.insert(0, f"tensor cores: block {bm}x{bn}x{sched[k]}{whole}, warp {wm}x{wn} in "
+                          f"16x16x16 fragments, {stages}-stage pipeline")
+        # predicted with the padded extents and the chunk as scheduled: the waste is priced
+        p = predict_tiled(padded(sched), dev, dataclasses.replace(t, l1=sched, l2=list(sched)))
+        t.predicted_s, t.bound, t.terms, t.num_tasks = p.predicted_s, p.bound, p.terms, \
+            p.num_tasks
         out.append(t)
     return out
 
@@ -270,7 +365,9 @@ def construct_streaming(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 def _split_parts(fa: FuncAnalysis, dev: DeviceModel, rows: int, red: int, threads: int) -> int:
     """Blocks per row when rows alone leave most SMs idle and each row is long; only for a
     single reduction followed by elementwise stages (a norm), whose rows need no exchange."""
-    if rows * 2 >= dev.num_units or red < 64 * threads or fa.producers:
+    later = set(fa.consumers)
+    if rows * 2 >= dev.num_units or red < 64 * threads or fa.producers or any(
+            b.is_reduction and b.name in later for b in fa.blocks):
         return 1
     parts = 1
     while rows * parts < 2 * dev.num_units and parts < 1024 and red % (parts * 2 * threads) == 0:

@@ -7,10 +7,20 @@
       threadIdx.y: warps (BM/WM x BN/WN) · K / BK chunks (software-pipelined, ``stages``)
         A, B tiles: global -> shared.dyn, 16-byte vectors (8 halves) over all threads,
                     rows padded by 8 halves (``storage_align``), cp.async when stages >= 2
+                    (shorter vectors, down to scalars without cp.async, when the operand's
+                    rows are not whole 8-half vectors: an odd K or N)
         BK / 16 steps: 16x16 fragments of A and B from shared, WM/16 x WN/16 mma per warp
       accumulator fragments -> shared.dyn (fp32, rows padded by 4 floats)
       epilogue (the fp16 cast and any elementwise consumers: bias, relu, ...) from shared to
       global: 4 elements per thread and vector, consecutive threads on consecutive columns
+
+Padding (ROLLER's alignment of an axis to the execution unit): an M, N or K that the block tile
+(K chunk) does not divide is padded up to a multiple of it, ``sch.pad_einsum``: the shared-memory
+copies read ``if_then_else(in bounds, A[..], 0)`` (zero-filling cp.async, ``@p cp.async`` /
+``@!p st.shared``, where the copy is a vector: each vector lies wholly inside a row, so it is
+wholly in bounds or wholly padding) and the epilogue store is predicated on the bounds. The
+padding follows from the tile and the extents (``padded_extents``); ``padding_notes`` explains it
+for ``explain``.
 
 Two tensor-core flavours (``tile.tensor_core``):
 
@@ -30,13 +40,15 @@ otherwise) when, for the main block's axes (batch b..., M, N, K as found from th
     operands, a float32 accumulator, one reduction axis; each operand indexed by plain axes
     (batch axes first, possibly broadcast) and the output by [b.., M, N];
   * batch axes: ``l1 = reg = 1`` (one batch element per thread block, on blockIdx.z);
-  * M, N: ``l1`` (block tile BM, BN) divides the extent, ``reg`` (warp tile WM, WN) divides
-    ``l1`` and is a multiple of 16; WM * WN <= 4096 (the fp32 accumulator is WM*WN/32
-    registers per thread: <= 128); no padding is done, so M and N must be multiples of BM, BN
-    (the caller falls back to SIMT otherwise);
-  * K: ``l1`` (chunk BK) a multiple of 16 dividing K; ``reg`` 16 (or 0/1: taken as 16);
+  * M, N: ``reg`` (warp tile WM, WN) divides ``l1`` (block tile BM, BN) and is a multiple of
+    16; WM * WN <= 4096 (the fp32 accumulator is WM*WN/32 registers per thread: <= 128);
+  * K: ``l1`` (chunk BK) a multiple of 16, or all of K (one chunk, padded to 16s: BK below is
+    then K rounded up to 16); ``reg`` 16 (or 0/1: taken as 16);
+  * an M, N or K that BM, BN, BK does not divide is padded, the tile at most the extent (the
+    padding then less than half the padded work);
   * ``threads`` = 32 x (BM/WM) x (BN/WN), at most 1024 and the device's limit;
-  * the A and B tiles load in whole 16-byte vectors: BM*BK and BK*BN multiples of 8 x threads;
+  * the A and B tiles load in whole vectors of ``copy_lanes(row)`` halves (8 when the operand's
+    rows are a multiple of 8): BM*BK and BK*BN multiples of lanes x threads;
   * ``stages`` >= 1 (>= 2 pipelines the K loop with cp.async: needs sm_80+);
   * ``smem_bytes(fa, tile)`` within ``hardware.gpu.smem_limit(dev)`` (dynamic shared memory; TVM's
     CUDA runtime raises the per-kernel limit above 48 KB at launch);
@@ -52,15 +64,17 @@ tir_pipeline=tir_pipeline(tile))`` under ``PassContext(config=pass_config(tile))
     ``tir_pipeline(tile)`` names a copy of TVM's "s_tir" pipeline that runs without CSE and
     repeats the pass (for every function of the module it compiles).
 
-What was checked without a GPU (``tests/backends/cuda/test_tensorcore.py``): TVM lowers the
-schedules; nvcc (sm_80, sm_90) compiles them with no spills and no stack frame; ``verify_gpu_code`` passes
-on the lowered kernel; the PTX holds (wmma.)mma.sync and cp.async; and the generated CUDA, run
+What was checked without a GPU (``tests/backends/cuda/test_tensorcore.py``, padded kernels in
+``test_tensorcore_padding.py``): TVM lowers the schedules; nvcc (sm_80, sm_90) compiles them
+with no spills and no stack frame; ``verify_gpu_code`` passes on the lowered kernel; the PTX
+holds (wmma.)mma.sync and cp.async; and the generated CUDA, run
 on the host by an emulator (threads as OS threads, barriers, warp-collective ldmatrix / mma.sync
 and wmma with the PTX ISA's fragment layouts, deferred cp.async), matches numpy on small shapes.
 Never checked: timing, and behaviour on a real GPU.
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -71,7 +85,7 @@ from tvm_roller.analysis import FuncAnalysis, unwrap_func
 from tvm_roller.analysis.access import build_access
 from tvm_roller.analysis.schedule import SCHEDULE_ERRORS, attempt, axis_loops
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.core.rtile import RTile
+from tvm_roller.core.rtile import RTile, ceil_div
 from tvm_roller.hardware import gpu
 from tvm_roller.hardware.model import dtype_bytes
 
@@ -109,6 +123,8 @@ class Gemm:
     b_batch: List[int]
     trans_a: bool  # A stored [.., K, M]
     trans_b: bool  # B stored [.., N, K]
+    a_row: int = 0  # elements in a row (the last dimension) of A and of B as the main block
+    b_row: int = 0  # reads them: a padded copy vectorizes only in whole vectors of a row
 
 
 def _dim_axes(acc, what: str) -> List[int]:
@@ -172,18 +188,27 @@ def gemm_structure(fa: FuncAnalysis) -> Gemm:
                                    "(M, K) or (K, N)")
         if role in roles:
             raise UnsupportedError("tensor cores: both operands carry the same output axis")
-        roles[role] = (r.source.name, lead, trans)
+        roles[role] = (r.source.name, lead, trans, int(r.source.shape[-1]))
     if set(roles) != {"a", "b"}:
         raise UnsupportedError("tensor cores: expected one operand with M and one with N")
-    (a, a_batch, ta), (b, b_batch, tb) = roles["a"], roles["b"]
-    return Gemm(batch, m, n, k, a, b, a_batch, b_batch, ta, tb)
+    (a, a_batch, ta, a_row), (b, b_batch, tb, b_row) = roles["a"], roles["b"]
+    return Gemm(batch, m, n, k, a, b, a_batch, b_batch, ta, tb, a_row, b_row)
 
 
 # ------------------------------------------------------------------------------------------------
 # Tile rules (what the policy must generate)
 # ------------------------------------------------------------------------------------------------
+def _whole_k(g: Gemm, tile: RTile) -> bool:
+    """The K chunk is all of K, and K not a multiple of 16: one chunk, padded to 16s."""
+    bk = tile.l1[g.k]
+    return bk % FRAG != 0 and len(tile.extents) == len(tile.l1) and bk == tile.extents[g.k]
+
+
 def _tile_dims(g: Gemm, tile: RTile) -> Tuple[int, int, int, int, int]:
+    """Block tile BM, BN, the K chunk BK as scheduled (a whole K padded to 16s), warp tile."""
     bm, bn, bk = tile.l1[g.m], tile.l1[g.n], tile.l1[g.k]
+    if _whole_k(g, tile):
+        bk = ceil_div(bk, FRAG) * FRAG
     wm, wn = tile.reg[g.m], tile.reg[g.n]
     return bm, bn, bk, wm, wn
 
@@ -199,6 +224,9 @@ def _check_tile(fa: FuncAnalysis, g: Gemm, tile: RTile) -> None:
     if len(tile.l1) != n_ax or len(tile.reg) != n_ax:
         raise UnsupportedError(f"tensor cores: the tile has {len(tile.l1)} block / {len(tile.reg)} "
                                f"warp entries for {n_ax} axes")
+    if tile.extents != [a.extent for a in fa.axes]:
+        raise UnsupportedError(f"tensor cores: tile extents {tile.extents} are not the "
+                               f"function's {[a.extent for a in fa.axes]}")
     for b in g.batch:
         if tile.l1[b] != 1 or tile.reg[b] not in (0, 1):
             raise UnsupportedError(f"tensor cores: batch axis {fa.axes[b].name} needs block and "
@@ -213,17 +241,11 @@ def _check_tile(fa: FuncAnalysis, g: Gemm, tile: RTile) -> None:
         if blk_t % warp_t:
             raise UnsupportedError(f"tensor cores: block tile {blk_t} on {name} is not a multiple "
                                    f"of the warp tile {warp_t}")
-        if ext[ax] % blk_t:
-            raise UnsupportedError(
-                f"tensor cores: {name} = {ext[ax]} is not a multiple of the block tile {blk_t} "
-                "(roller's tensor-core path does not pad; pad the shape or use the SIMT path)")
     kname = fa.axes[g.k].name
     if bk <= 0 or bk % FRAG:
-        raise UnsupportedError(f"tensor cores: K chunk {bk} on {kname} is not a multiple of {FRAG}")
-    if ext[g.k] % bk:
-        raise UnsupportedError(
-            f"tensor cores: {kname} = {ext[g.k]} is not a multiple of the K chunk {bk} "
-            "(roller's tensor-core path does not pad; pad the shape or use the SIMT path)")
+        raise UnsupportedError(f"tensor cores: K chunk {tile.l1[g.k]} on {kname} is not a "
+                               f"multiple of {FRAG} (nor all of {kname} = {ext[g.k]})")
+    _check_padding(fa, g, tile)
     if tile.reg[g.k] not in (0, 1, FRAG):
         raise UnsupportedError(f"tensor cores: the warp's K step must be {FRAG}, got "
                                f"{tile.reg[g.k]}")
@@ -237,16 +259,90 @@ def _check_tile(fa: FuncAnalysis, g: Gemm, tile: RTile) -> None:
                                f"{tile.threads}")
     if tile.threads > 1024:
         raise UnsupportedError(f"tensor cores: {tile.threads} threads per block (at most 1024)")
-    per_pass = VEC_AB * tile.threads
-    if (bm * bk) % per_pass or (bk * bn) % per_pass:
+    lanes_a, lanes_b = copy_lanes(g.a_row), copy_lanes(g.b_row)
+    if (bm * bk) % (lanes_a * tile.threads) or (bk * bn) % (lanes_b * tile.threads):
         raise UnsupportedError(
             f"tensor cores: the A ({bm}x{bk}) and B ({bk}x{bn}) tiles must be whole multiples of "
-            f"{per_pass} halves ({tile.threads} threads x {VEC_AB}-half vectors)")
+            f"{lanes_a * tile.threads} and {lanes_b * tile.threads} halves ({tile.threads} "
+            f"threads x {lanes_a}- and {lanes_b}-half vectors)")
     if tile.stages < 1:
         raise UnsupportedError(f"tensor cores: stages must be >= 1, got {tile.stages}")
     if tile.tensor_core == MMA and g.trans_a:
         raise UnsupportedError("tensor cores: the mma/ldmatrix path needs A stored [.., M, K] "
                                "(use the wmma path for a transposed A)")
+
+
+def copy_lanes(row: int) -> int:
+    """Halves per global -> shared copy of an operand whose rows (last dimension) hold ``row``
+    elements: ``VEC_AB`` (16 bytes) when a row is a whole number of those vectors, else the
+    largest power of two that divides it (an odd row: scalar copies). Every vector then starts
+    at a multiple of its size, inside one row: aligned, and on a padded axis either wholly in
+    bounds or wholly padding."""
+    lanes = VEC_AB
+    while row % lanes:
+        lanes //= 2
+    return lanes
+
+
+def store_lanes(n: int) -> int:
+    """Elements per epilogue vector for an output row of ``n`` elements: ``VEC_C`` when rows are
+    whole vectors (aligned), else the largest power of two dividing ``n``."""
+    lanes = VEC_C
+    while n % lanes:
+        lanes //= 2
+    return lanes
+
+
+# ------------------------------------------------------------------------------------------------
+# Padding: M, N and K rounded up to the block tile (K chunk)
+# ------------------------------------------------------------------------------------------------
+def _roles(g: Gemm) -> Tuple[Tuple[str, int], ...]:
+    return (("M", g.m), ("N", g.n), ("K", g.k))
+
+
+def padded_extents(fa: FuncAnalysis, tile: RTile, g: Optional[Gemm] = None) -> Dict[int, int]:
+    """The M, N and K axes (indices into ``fa.axes``) whose extent is not a multiple of the
+    tile's block tile (K chunk), each with the multiple ``apply_tensorcore`` pads it up to."""
+    g = gemm_structure(fa) if g is None else g
+    out = {}
+    for _, ax in _roles(g):
+        e, t = fa.axes[ax].extent, pad_unit(g, tile, ax)
+        if t > 0 and e % t:
+            out[ax] = ceil_div(e, t) * t
+    return out
+
+
+def pad_unit(g: Gemm, tile: RTile, ax: int) -> int:
+    """What axis ``ax`` is padded to a multiple of: its block tile; for K the chunk as
+    scheduled (a K chunk that is all of K, not a multiple of 16, is padded to 16s)."""
+    return _tile_dims(g, tile)[2] if ax == g.k else tile.l1[ax]
+
+
+def padding_notes(fa: FuncAnalysis, tile: RTile, g: Optional[Gemm] = None) -> List[str]:
+    """Lines for ``explain`` about ``tile``'s padding, M, N, K in that order, e.g.
+    ``"tensor cores: M (axis i) padded 197 -> 208 (waste 5.3%)"`` (waste: the padded share of
+    the work along that axis)."""
+    g = gemm_structure(fa) if g is None else g
+    pads = padded_extents(fa, tile, g)
+    out = []
+    for role, ax in _roles(g):
+        if ax in pads:
+            e, p = fa.axes[ax].extent, pads[ax]
+            out.append(f"tensor cores: {role} (axis {fa.axes[ax].name}) padded {e} -> {p} "
+                       f"(waste {(p - e) / p:.1%})")
+    return out
+
+
+def _check_padding(fa: FuncAnalysis, g: Gemm, tile: RTile) -> None:
+    """An M, N or K the block tile (K chunk) does not divide is padded up to a multiple of it,
+    the tile at most the extent (the padding then less than half the padded work)."""
+    need = padded_extents(fa, tile, g)
+    for role, ax in _roles(g):
+        if ax in need and tile.l1[ax] > fa.axes[ax].extent:
+            what = "the K chunk" if role == "K" else "the block tile"
+            raise UnsupportedError(f"tensor cores: {what} {tile.l1[ax]} is larger than "
+                                   f"{fa.axes[ax].name} = {fa.axes[ax].extent} (padding would "
+                                   "be most of the work)")
 
 
 def _smem_tiles(g: Gemm, tile: RTile) -> Dict[str, Tuple[int, int, int]]:
@@ -271,21 +367,23 @@ def _c_row(g: Gemm, tile: RTile) -> int:
     return _smem_tiles(g, tile)["C"][1]
 
 
-def smem_bytes(fa: FuncAnalysis, tile: RTile) -> int:
+def smem_bytes(fa: FuncAnalysis, tile: RTile, gemm: Optional[Gemm] = None) -> int:
     """Shared memory per block of ``apply_tensorcore``'s schedule: the A and B tiles (all
     ``stages``, rows padded) and, after the K loop, the fp32 accumulator staging tile, which
-    dynamic shared memory lets TVM overlay on the (then dead) A/B tiles: the larger of the two."""
-    g = gemm_structure(fa)
+    dynamic shared memory lets TVM overlay on the (then dead) A/B tiles: the larger of the two.
+    ``gemm``: ``gemm_structure(fa)``, when the caller has it."""
+    g = gemm_structure(fa) if gemm is None else gemm
     t = _smem_tiles(g, tile)
     ab = sum(r * c * e for r, c, e in (t["A"], t["B"])) * max(1, tile.stages)
     r, c, e = t["C"]
     return max(ab, r * c * e)
 
 
-def validate_tile(fa: FuncAnalysis, tile: RTile, dev) -> None:
+def validate_tile(fa: FuncAnalysis, tile: RTile, dev, gemm: Optional[Gemm] = None) -> None:
     """Raise UnsupportedError with the reason when ``tile`` is not valid for tensor cores on
-    ``dev`` (a GPU ``DeviceModel``); see the module docstring for the rules."""
-    g = gemm_structure(fa)
+    ``dev`` (a GPU ``DeviceModel``); see the module docstring for the rules. ``gemm``:
+    ``gemm_structure(fa)``, when the caller has it (the policy checks many tiles)."""
+    g = gemm_structure(fa) if gemm is None else gemm
     _check_tile(fa, g, tile)
     if getattr(dev, "kind", None) != "gpu":
         raise UnsupportedError(f"tensor cores: device {getattr(dev, 'name', dev)!r} is not a GPU")
@@ -301,7 +399,7 @@ def validate_tile(fa: FuncAnalysis, tile: RTile, dev) -> None:
     if tile.threads > max_threads:
         raise UnsupportedError(f"tensor cores: {tile.threads} threads > {max_threads} on "
                                f"{dev.name}")
-    need, limit = smem_bytes(fa, tile), gpu.smem_limit(dev)
+    need, limit = smem_bytes(fa, tile, g), gpu.smem_limit(dev)
     if need > limit:
         raise UnsupportedError(f"tensor cores: the tile needs {need} B of shared memory, "
                                f"{dev.name} allows {limit} B per block")
@@ -935,6 +1033,8 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
 
     sch = s_tir.Schedule(func)
     main = sch.get_sblock(fa.main)
+    read_idx = {"A": _read_index(sch, main, g.a), "B": _read_index(sch, main, g.b)}
+    pad_in, pad_out = _pad(sch, main, fa, g, tile)
     loops = axis_loops(sch, main)
     lb = [loops[i] for i in g.batch]
     m0, m1, m2, m3 = sch.split(loops[g.m], [None, warps_m, wm // FRAG, FRAG])
@@ -951,22 +1051,28 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
 
     # global -> shared tiles, all threads, 16-byte vectors, padded rows
     smem = {}
-    for role, buf in (("A", g.a), ("B", g.b)):
-        s = sch.cache_read(main, _read_index(sch, main, buf), SMEM_SCOPE)
+    for role in ("A", "B"):
+        s = sch.cache_read(main, read_idx[role], SMEM_SCOPE)
         sch.compute_at(s, k0)
         sch.storage_align(s, 0, axis=-2, factor=16, offset=AB_PAD)
         smem[role] = s
-    _inline_producers(sch, fa.producers)
-    for s in smem.values():
+    # the zero-filling pad blocks first: the copies then read if_then_else(in bounds, A, 0)
+    _inline_producers(sch, fa.producers + pad_in)
+    for role, s in smem.items():
+        lanes = copy_lanes(g.a_row if role == "A" else g.b_row)
         if _contiguous_copy(sch, s):
-            # 16-byte vectors of what is read (4 elements when a producer casts from fp32)
-            vec = min(VEC_AB, 16 // max(dtype_bytes(r.source.dtype) for r in sch.get(s).reads))
-            _coop_copy(sch, s, warps, vec, 2)
+            # 16-byte vectors of what is read (4 elements when a producer casts from fp32),
+            # fewer when rows are not whole vectors (an odd K or N)
+            elem = max(dtype_bytes(r.source.dtype) for r in sch.get(s).reads)
+            vec = min(lanes, 16 // elem)
+            _coop_copy(sch, s, warps, vec, 2, vectorize=vec > 1)
+            if vec * elem < 4:  # cp.async moves 4, 8 or 16 bytes
+                async_copy = False
         else:
             # an inlined producer (a transpose) makes the copy a gather: 8 scalar loads per
             # thread, no cp.async (TVM 0.27 would emit one 16-byte cp.async from the first
             # element, and a gathered half8 vector as an invalid make_uint4 of 8 halves)
-            _coop_copy(sch, s, warps, VEC_AB, 2, vectorize=False)
+            _coop_copy(sch, s, warps, lanes, 2, vectorize=False)
             async_copy = False
 
     # shared -> fragments, per warp and K step
@@ -980,9 +1086,17 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
     c_smem = sch.cache_write(main, 0, SMEM_SCOPE)
     c_frag = sch.cache_write(main, 0, scopes["C"])
     sch.reverse_compute_at(c_frag, warp)
-    _inline_consumers(sch, c_smem, fa.consumers)
-    sch.reverse_compute_at(c_smem, n0)
-    _coop_copy(sch, c_smem, warps, VEC_C, 2)
+    if pad_out:
+        # the crop of the padded result becomes the store's predicate (only what is in bounds
+        # is written); after reverse_compute_at, which in TVM 0.27 drops a block's predicate
+        sch.reverse_compute_at(c_smem, n0)
+        _inline_consumers(sch, c_smem, pad_out + fa.consumers)
+        _check_store_guarded(sch, c_smem)
+    else:
+        _inline_consumers(sch, c_smem, fa.consumers)
+        sch.reverse_compute_at(c_smem, n0)
+    vec_c = store_lanes(fa.axes[g.n].extent)
+    _coop_copy(sch, c_smem, warps, vec_c, 2, vectorize=vec_c > 1)
 
     if tile.stages >= 2:
         sch.annotate(k0, "software_pipeline_stage", [0, 0, tile.stages - 1])
@@ -1042,6 +1156,39 @@ def apply_tensorcore(func, fa: FuncAnalysis, tile: RTile, *,
     row = _c_row(g, tile)
     sch.storage_align(sch.get_sblock(store_name + "_o"), 0, axis=-2, factor=row + 16, offset=row)
     return sch
+
+
+def _pad(sch: s_tir.Schedule, main, fa: FuncAnalysis, g: Gemm, tile: RTile
+         ) -> Tuple[List[str], List[str]]:
+    """Pad the main block's M, N, K up to the block tile (K chunk) where it does not divide them
+    (``sch.pad_einsum``): zero-filled copies of the operands feed it, and a crop block copies the
+    padded result out. Returns the names of the pad (producer) and crop (consumer) blocks, for
+    the shared-memory copies and the epilogue store to absorb."""
+    pads = padded_extents(fa, tile, g)
+    if not pads:
+        return [], []
+    before_p = {sch.get(b).name_hint for b in sch.get_producers(main)}
+    before_c = {sch.get(b).name_hint for b in sch.get_consumers(main)}
+    factors = [pad_unit(g, tile, i) if i in pads else 1 for i in range(len(fa.axes))]
+    if not attempt(sch.pad_einsum, main, factors):
+        raise UnsupportedError(f"tensor cores: {fa.main} cannot be padded to {factors}")
+    pad_in = [sch.get(b).name_hint for b in sch.get_producers(main)
+              if sch.get(b).name_hint not in before_p]
+    pad_out = [sch.get(b).name_hint for b in sch.get_consumers(main)
+               if sch.get(b).name_hint not in before_c]
+    return pad_in, pad_out
+
+
+def _check_store_guarded(sch: s_tir.Schedule, store) -> None:
+    """The epilogue store of a padded M or N must be predicated on the bounds (else it writes
+    past the output): a guard against schedule primitives that lose the crop's predicate."""
+    import tvm
+
+    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, store)
+    pred = realize.predicate
+    if isinstance(pred, tvm.tirx.IntImm) and int(pred.value) == 1:
+        raise UnsupportedError("tensor cores: the padded epilogue store lost its bounds "
+                               "predicate (it would write out of bounds)")
 
 
 def _written_buffer(sch: s_tir.Schedule, block) -> str:

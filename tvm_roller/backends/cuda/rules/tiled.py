@@ -17,6 +17,9 @@ class TiledRule(TiledOpRule):
     def matches(self, fa: FuncAnalysis) -> bool:
         return policy.gpu_kind(fa) == "tiled"
 
+    def tile_limit(self, extent: int) -> int:
+        return policy.tile_limit(extent)
+
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
         return policy.construct_tiled(fa, dev, topk)
 
