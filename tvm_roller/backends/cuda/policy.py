@@ -11,6 +11,7 @@ every candidate is predicted and the best k are returned.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Dict, List, Optional, Tuple
@@ -262,8 +263,6 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     is then less than half the work); 16-wide block and warp tiles, one-warp blocks and a K
     taken whole as one chunk (padded to 16s) only for small axes (below 128; 16-31 need them):
     shapes whose axes are all larger get the candidates they had."""
-    import dataclasses
-
     if not all(str(a.dtype) == "float16" for a in fa.reads) or len(fa.spatial) < 2:
         return []
     if len(fa.reduction) != 1:
