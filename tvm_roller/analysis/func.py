@@ -223,11 +223,24 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
         fa.kind = "reduction"
     if fa.kind == "tiled":
         bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in tiled_dtypes]
-        if bad:
+        if bad and not _streams_integers(main_info, infos, buffers, tiled_dtypes):
             raise UnsupportedError(
                 f"a compute-bound (tiled) kernel needs {' or '.join(tiled_dtypes)} tensors; "
                 f"got dtype {', '.join(bad)}")
+        if bad:  # an index-carrying reduction (argmax / argmin): streamed, as integers are
+            fa.kind = "reduction"
     return fa
+
+
+def _streams_integers(main: BlockInfo, infos: Sequence[BlockInfo], buffers,
+                      tiled_dtypes: Sequence[str]) -> bool:
+    """A reduction whose only non-float tensors are integers the function computes (the index
+    of an argmax / argmin and its copy out), none an input: a memory-bound row reduction, not
+    a tile of multiply-adds."""
+    computed = {w for b in infos for w in b.writes}
+    return main.is_reduction and all(
+        str(b.dtype) in tiled_dtypes or (b.name in computed and str(b.dtype).startswith("int"))
+        for b in buffers)
 
 
 def operand_reuse(fa: FuncAnalysis) -> float:

@@ -518,6 +518,22 @@ def _build_variance(p: Mapping[str, Param], dt: Dtypes) -> Built:
     return Built((x, te.compute(out, var, name="variance")), count)
 
 
+def _draw_arg_reduce(d: Draw) -> Optional[Params]:
+    shape = d.shape(d.int(1, 4), 1, 64)
+    if not _fits(0, shape):
+        return None
+    return {"shape": fmt(shape), "axis": d.int(0, len(shape) - 1),
+            "op": d.pick(("argmax", "argmin")), "keepdims": d.int(0, 1)}
+
+
+def _build_arg_reduce(p: Mapping[str, Param], dt: Dtypes) -> Built:
+    """The int32 index of the largest or smallest element along one axis (a reduction over
+    (index, value) pairs; random data has no ties)."""
+    x = te.placeholder(dims(str(p["shape"])), dt.data, name="X")
+    reduce = topi.argmax if p["op"] == "argmax" else topi.argmin
+    return Built((x, reduce(x, axis=int(p["axis"]), keepdims=bool(p["keepdims"]))), 1)
+
+
 def _draw_pad_slice(d: Draw) -> Optional[Params]:
     shape = d.shape(d.int(1, 4), 1, 64)
     if not _fits(0, shape):
@@ -673,6 +689,7 @@ FAMILIES: Dict[str, Family] = {
     "gemm_chain": Family(_draw_gemm_chain, _build_gemm_chain),
     "variance": Family(_draw_variance, _build_variance),
     "pad_slice": Family(_draw_pad_slice, _build_pad_slice, half=True),
+    "arg_reduce": Family(_draw_arg_reduce, _build_arg_reduce),
 }
 
 

@@ -308,7 +308,8 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
     for name in reversed(names[:-1]):
         blk = sch.get_sblock(name)
         require(f"CUDA lowering: placing {name} in its row", sch.compute_at, blk, anchor, preserve_unit_loops=True)
-        sch.set_scope(blk, 0, scope)
+        for i in range(len(sch.get(blk).writes)):  # an argmax writes its index and value
+            sch.set_scope(blk, i, scope)
         if scope == "shared":
             _spread(sch, sch.get_loops(blk)[1:], threads)
     return sch
