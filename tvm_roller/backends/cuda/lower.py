@@ -87,6 +87,10 @@ def aligned_lanes(sch: s_tir.Schedule, block, loop, lanes: int) -> int:
             if any(not _is_zero(full.simplify(i - at_zero.simplify(i)))
                    for i in node.indices[:-1]):
                 return 1  # an outer dimension moves along the loop: a strided gather
+            if DTYPE_BYTES.get(str(buf.dtype), 4) == 2:
+                # TVM 0.27 builds a broadcast half8 as make_uint4 of 8 halves (invalid
+                # CUDA); half4 / bfloat4 broadcasts are fine
+                lanes = min(lanes, 4)
             continue  # does not move along the loop: one value broadcast to every lane
         last = buf.shape[-1]
         if not (_is_zero(full.simplify(step - var)) and isinstance(last, tirx.IntImm)):
