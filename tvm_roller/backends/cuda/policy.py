@@ -221,6 +221,12 @@ def _block_tile(fa: FuncAnalysis, dev: DeviceModel, reg: Tile, chunk: Tile, max_
     return tuple(tile)
 
 
+def _padding_notes(fa: FuncAnalysis, l1: Tile) -> List[str]:
+    pads = [f"{a.name} {a.extent} -> {-(-a.extent // l1[i]) * l1[i]}"
+            for i, a in enumerate(fa.axes) if a.extent % l1[i]]
+    return [f"block tile pads {', '.join(pads)} (predicated tails)"] if pads else []
+
+
 def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     notes: List[str] = []
     warp = dev.gpu.warp_size
@@ -242,7 +248,7 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
                         continue
                     t = RTile(**_base(fa, "tiled"), reg=list(reg), l1=list(l1), l2=list(l1),
                               vector_lanes=1, threads=threads, stages=stages,
-                              smem_bytes=smem, notes=list(notes))
+                              smem_bytes=smem, notes=list(notes) + _padding_notes(fa, l1))
                     predict_tiled(fa, dev, t)
                     if math.isfinite(t.predicted_s):
                         cands.setdefault(t.key() + (threads, stages), t)
