@@ -63,25 +63,17 @@ CPU_CASES = [
 ]
 
 
-def _case(i, family, dtype, params, target):
-    return Case(0, i, family, dtype, target, dict(params))
+CASES = [("cpu", *c) for c in CPU_CASES] + [("cuda", *c) for c in CUDA_CASES]
+_CHECKS = {"cpu": check_cpu.check, "cuda": check_cuda.check}
 
 
-@pytest.mark.parametrize("i", range(len(CPU_CASES)),
-                         ids=[f"{c[0]}-{c[3]}" for c in CPU_CASES])
-def test_cpu_regressions(i):
-    family, dtype, params, _ = CPU_CASES[i]
-    r = check_cpu.check(_case(i, family, dtype, params, "cpu"))
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{c[0]}-{c[1]}-{c[4]}" for c in CASES])
+def test_once_failing_case_is_ok(i):
+    target, family, dtype, params, _ = CASES[i]
+    if target == "cuda" and shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    r = _CHECKS[target](Case(0, i, family, dtype, target, dict(params)))
     assert r.outcome == OK, (r.outcome, r.stage, r.message)
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("i", range(len(CUDA_CASES)),
-                         ids=[f"{c[0]}-{c[3]}" for c in CUDA_CASES])
-def test_cuda_regressions(i):
-    family, dtype, params, _ = CUDA_CASES[i]
-    r = check_cuda.check(_case(i, family, dtype, params, "cuda"))
-    assert r.outcome == OK, (r.outcome, r.stage, r.message)
-    launches = r.facts["launches"]
-    assert all(b["block"][0] * b["block"][1] * b["block"][2] % 32 == 0
-               or b["block"][0] * b["block"][1] * b["block"][2] < 32 for b in launches)
+    for launch in r.facts.get("launches", []):  # CUDA: whole warps, or one small block
+        threads = launch["block"][0] * launch["block"][1] * launch["block"][2]
+        assert threads % 32 == 0 or threads < 32, launch
