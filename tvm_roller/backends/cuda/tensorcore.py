@@ -74,7 +74,6 @@ Never checked: timing, and behaviour on a real GPU.
 """
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
