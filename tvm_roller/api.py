@@ -115,7 +115,8 @@ def plan_prepared(prep: Prepared, topk: int = 1,
                 time.perf_counter() - prep.started, chain, fusion, from_cache)
 
 
-def _feasible(tiles: Sequence[RTile], fa: FuncAnalysis, rule: OpRule, dev: DeviceModel) -> List[RTile]:
+def _feasible(tiles: Sequence[RTile], fa: FuncAnalysis, rule: OpRule,
+              dev: DeviceModel) -> List[RTile]:
     """The candidates the device can run: a plan none of whose tiles fits (predicted to take
     forever: too many threads, too much shared memory, no occupancy) is a decline, never a
     built kernel."""

@@ -113,3 +113,15 @@ def perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> l
                                       max_innermost_factor=max(64, factors[-1]),
                                       decision=[int(f) for f in factors])
     return sch.split(loop, sampled)
+
+
+def add_unit_loops(sch: s_tir.Schedule, every: bool = False) -> None:
+    """A unit loop on top of each loopless block (``every``: of every block). A scalar output's
+    blocks have no row loop to bind or compute at, and TVM 0.27's rfactor fails an internal
+    check (``block_realize == old_block_realize_``) when a block beside the one it rewrites
+    sits directly under the root, e.g. ``Y = sum(X) * 0.5``."""
+    for name in block_names(sch):
+        blk = sch.get_sblock(name)
+        loops = sch.get_loops(blk)
+        if every or not loops:
+            sch.add_unit_loop(loops[0] if loops else blk)

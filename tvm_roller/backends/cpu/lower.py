@@ -21,8 +21,8 @@ from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
-from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_padding,
-                                          is_reduction, perfect_split)
+from tvm_roller.analysis.schedule import (add_unit_loops, attempt, axis_loops, block_names, extent,
+                                          is_padding, is_reduction, perfect_split)
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.rtile import RTile
 
@@ -267,7 +267,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
     red_loops = loops[len(loops) - len(red_vars):] if red_vars else []
     if not red_loops:
         return
-    _loop_every_block(sch)
+    add_unit_loops(sch)  # rfactor beside a loopless block fails in TVM 0.27
     k = sch.fuse(*red_loops) if len(red_loops) > 1 else red_loops[0]
     ext = extent(sch, k) or 1
     if split_cores > 1 and ext >= split_cores * lanes * 4 and ext % (split_cores * lanes) == 0:
@@ -286,16 +286,6 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         ko, ki = sch.split(k, [None, lanes])
         rf = sch.rfactor(ki, 0)
         _vectorize_rf(sch, rf, lanes)
-
-
-def _loop_every_block(sch: s_tir.Schedule) -> None:
-    """A unit loop around every loopless block (a scalar output): TVM 0.27's rfactor fails an
-    internal check (``block_realize == old_block_realize_``) when a block beside the one it
-    rewrites sits directly under the root, e.g. ``Y = sum(X) * 0.5``."""
-    for name in block_names(sch):
-        blk = sch.get_sblock(name)
-        if not sch.get_loops(blk):
-            sch.add_unit_loop(blk)
 
 
 def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:

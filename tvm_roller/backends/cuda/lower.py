@@ -27,8 +27,8 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_reduction,
-                                          perfect_split, realize_of, require)
+from tvm_roller.analysis.schedule import (add_unit_loops, attempt, axis_loops, block_names, extent,
+                                          is_reduction, perfect_split, realize_of, require)
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.backends.cuda.tensorcore import apply_tensorcore
 from tvm_roller.core.errors import UnsupportedError
@@ -280,7 +280,8 @@ def apply_streaming(func, fa: FuncAnalysis, t: RTile, dev: DeviceModel) -> s_tir
             continue
         attempt(sch.compute_inline, blk)  # refused: a stage of its own (e.g. two consumers)
     names = block_names(sch)
-    _unit_row(sch, names, every=all(fa.axes[i].extent == 1 for i in fa.spatial))
+    # a scalar output: a unit loop around every stage stands for its one row
+    add_unit_loops(sch, every=all(fa.axes[i].extent == 1 for i in fa.spatial))
     if t.kind == "elementwise":
         for name in names:
             blk = sch.get_sblock(name)
@@ -352,16 +353,6 @@ def _split_reduction(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile,
                                    f"reduction ({name})")
         _bind_flat(sch, blk, threads, str(sch.get(blk).writes[0].source.dtype), warp)
     return sch
-
-
-def _unit_row(sch: s_tir.Schedule, names: List[str], every: bool) -> None:
-    """A scalar output has no row loop to give the thread blocks: a unit loop around every
-    stage (``every``), or around each loopless one, stands for its one row."""
-    for name in names:
-        blk = sch.get_sblock(name)
-        loops = sch.get_loops(blk)
-        if every or not loops:
-            sch.add_unit_loop(loops[0] if loops else blk)
 
 
 def _row_loops(sch: s_tir.Schedule, block, row_exts: List[int]) -> Optional[list]:

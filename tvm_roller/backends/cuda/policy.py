@@ -65,8 +65,7 @@ def gpu_kind(fa: FuncAnalysis) -> str:
     whatever the CPU's vector-axis test said: threads need no contiguous vector axis. A
     reduction feeding another (a mean, then a variance) streams: a block tile's write-back
     folds elementwise epilogues only."""
-    later = set(fa.consumers)
-    if any(b.is_reduction and b.name in later for b in fa.blocks):
+    if _feeds_reduction(fa):
         return "reduction"
     if fa.kind != "reduction":
         return fa.kind
@@ -74,6 +73,12 @@ def gpu_kind(fa: FuncAnalysis) -> str:
     reused = any(any(i not in acc.axes_used() and fa.axes[i].extent > 1 for i in fa.spatial)
                  for acc in fa.reads)
     return "tiled" if reused and spatial >= 32 and not _row_per_block(fa) else "reduction"
+
+
+def _feeds_reduction(fa: FuncAnalysis) -> bool:
+    """A later stage of the function is a reduction too (a mean, then a variance)."""
+    later = set(fa.consumers)
+    return any(b.is_reduction and b.name in later for b in fa.blocks)
 
 
 def _row_per_block(fa: FuncAnalysis) -> bool:
@@ -249,9 +254,8 @@ def construct_simt(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
                     t = RTile(**_base(fa, "tiled"), reg=list(reg), l1=list(l1), l2=list(l1),
                               vector_lanes=1, threads=threads, stages=stages,
                               smem_bytes=smem, notes=list(notes) + _padding_notes(fa, l1))
-                    predict_tiled(fa, dev, t)
-                    if math.isfinite(t.predicted_s):
-                        cands.setdefault(t.key() + (threads, stages), t)
+                    predict_tiled(fa, dev, t)  # one with no occupancy: the planner declines
+                    cands.setdefault(t.key() + (threads, stages), t)
     if not cands:
         raise UnsupportedError(f"no CUDA block tile of whole warps fits {dev.name}'s limits "
                                f"(at most {static_cap} B static shared memory per block)")
@@ -370,9 +374,7 @@ def construct_streaming(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
 def _split_parts(fa: FuncAnalysis, dev: DeviceModel, rows: int, red: int, threads: int) -> int:
     """Blocks per row when rows alone leave most SMs idle and each row is long; only for a
     single reduction followed by elementwise stages (a norm), whose rows need no exchange."""
-    later = set(fa.consumers)
-    if rows * 2 >= dev.num_units or red < 64 * threads or fa.producers or any(
-            b.is_reduction and b.name in later for b in fa.blocks):
+    if rows * 2 >= dev.num_units or red < 64 * threads or fa.producers or _feeds_reduction(fa):
         return 1
     parts = 1
     while rows * parts < 2 * dev.num_units and parts < 1024 and red % (parts * 2 * threads) == 0:
