@@ -28,6 +28,10 @@ setup(
     license="Apache-2.0",
     license_files=["LICENSE"],
     packages=find_packages(include=["tvm_roller", "tvm_roller.*"]),
+    # the shipped MetaSchedule baselines (tvm_roller/suite/baselines.py); MANIFEST.in adds them
+    # to the sdist
+    package_data={"tvm_roller.suite": ["data/*/*.json", "data/*/*.jsonl", "data/*/*.md"]},
+    include_package_data=True,
     python_requires=">=3.10",
     install_requires=[
         # apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json: keep both pinned together.

@@ -90,13 +90,16 @@ def _cmd_costcheck(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from tvm_roller.costcheck.dataset import load_dataset, measure_workloads, save_dataset
+    from tvm_roller.costcheck.dataset import (load_dataset, measure_workloads, repredict,
+                                              save_dataset)
     from tvm_roller.costcheck.report import build_report, plot
     from tvm_roller.suite import workloads
 
     os.makedirs(args.out, exist_ok=True)
     if args.dataset:
         cands, meta = load_dataset(args.dataset)
+        if args.repredict:
+            cands = repredict(cands, _target(args.target))
     else:
         workloads.list_workloads(args.ops)  # validate before measuring
         cands, meta = measure_workloads(args.ops, _target(args.target), n_top=args.n_top,
@@ -106,7 +109,7 @@ def _cmd_costcheck(args: argparse.Namespace) -> int:
     report = build_report(cands, meta)
     with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)
-    plot(cands, report, args.out)
+    plots = plot(cands, report, args.out)  # [] with a message when matplotlib is missing
     print(f"{'op':<8} {'n':>3} {'spearman':>9} {'kendall':>8} {'xgb sp':>7} {'xgb kt':>7} "
           f"{'regret':>7}")
     fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
@@ -115,7 +118,9 @@ def _cmd_costcheck(args: argparse.Namespace) -> int:
               f"{fmt(r['kendall_model']):>8} {fmt(r['spearman_xgb']):>7} "
               f"{fmt(r['kendall_xgb']):>7} {r['top1_regret']:>7.3f}")
     print("summary: " + json.dumps(report["summary"]))
-    print(f"wrote {args.out}/report.json, dataset.json, predicted_vs_measured.png, regret.png")
+    written = ["report.json"] + ([] if args.dataset else ["dataset.json"])
+    written += [os.path.basename(p) for p in plots]
+    print(f"wrote {args.out}/" + ", ".join(written))
     return 0
 
 
@@ -186,10 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--n-top", type=int, default=10, help="roller's top-k measured (default 10)")
     k.add_argument("--n-random", type=int, default=20,
                    help="random valid rTiles measured per workload (default 20)")
-    k.add_argument("--repeat", type=int, default=5, help="timing repeats (median)")
+    k.add_argument("--repeat", type=int, default=10, help="timing repeats (the best; default 10)")
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--dataset", default=None,
                    help="re-analyse an existing dataset.json instead of measuring")
+    k.add_argument("--repredict", action="store_true",
+                   help="with --dataset: predict its measured tiles again with the current model "
+                        "and this machine's device model")
     k.set_defaults(fn=_cmd_costcheck)
     return ap
 

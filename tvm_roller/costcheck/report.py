@@ -7,13 +7,16 @@ other workloads only, so no workload is in both the train and the test set.
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, TextIO
 
 import numpy as np
 
 from tvm_roller.costcheck.dataset import Candidate
 
+#: the extra that installs matplotlib for the plots (setup.py ``bench``)
+PLOTS_HINT = "pip install 'tvm-roller[bench]'"
 TOPK_RECALL = 5
 MIN_CANDIDATES = 3  # fewer candidates cannot be ranked meaningfully
 _XGB_PARAMS = {"objective": "reg:squarederror", "max_depth": 5, "eta": 0.05, "subsample": 0.9,
@@ -112,9 +115,16 @@ def build_report(cands: List[Candidate], meta: Optional[dict] = None) -> dict:
     return {"workloads": rows, "summary": summary, "meta": meta or {}}
 
 
-def plot(cands: List[Candidate], report: dict, out_dir: str) -> List[str]:
-    """predicted_vs_measured.png (one panel per op class) and regret.png; returns the paths."""
-    import matplotlib
+def plot(cands: List[Candidate], report: dict, out_dir: str,
+         out: Optional[TextIO] = None) -> List[str]:
+    """predicted_vs_measured.png (one panel per op class) and regret.png; returns the paths.
+    matplotlib is not a base dependency: without it, says so on ``out`` (stderr) and returns []."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"plots skipped: matplotlib is not installed ({PLOTS_HINT} to get "
+              "predicted_vs_measured.png and regret.png)", file=out or sys.stderr)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

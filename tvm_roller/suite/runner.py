@@ -165,7 +165,7 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
         "workload": name, "class": cls, "idx": idx, "ok": False, "error": None,
         "construct_s": None, "build_s": None, "latency_s": None, "max_rel_err": None,
         "torch_s": None, "numpy_s": None, "tvm_default_s": None, "ms_tuned_s": None,
-        "ms_tune_s": None, "ms_ok": None, "notes": [],
+        "ms_tune_s": None, "ms_ok": None, "ms_database": None, "notes": [],
     }
     func = workloads.create(cls, idx)
     flops, nbytes = workloads.flop_count(func), workloads.bytes_moved(func)
@@ -250,9 +250,12 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
     reason = baselines.skip_reason(target)
     if reason is None:
         try:
-            ms_sch = baselines.tuned_schedule(cls, idx, target)
+            ms_db = baselines.source_info(target)  # which database: shipped, re-tuned here, ...
+            rec["ms_database"] = ms_db
+            ms_dir = Path(ms_db["path"])
+            ms_sch = baselines.tuned_schedule(cls, idx, target, ms_dir)
             if ms_sch is not None:
-                rec["ms_tune_s"] = baselines.tune_seconds(cls, idx)
+                rec["ms_tune_s"] = baselines.tune_seconds(cls, idx, ms_dir)
                 ex_m = tvm.compile(ms_sch.mod, target)
                 args_m, out_m = _run_tvm(ex_m, dev, inputs, out_spec)
                 rec["ms_ok"] = references.compare(out_m, ref, rec["rtol"])[0]
@@ -352,7 +355,8 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
     Keys: ``workload`` ("GMM:1"), ``ok``, ``error``, ``construct_s``, ``build_s``, ``latency_s``,
     ``max_rel_err``, ``gflops``, ``gbps``, ``flops``, ``bytes``, ``memory_bound``, the peers'
     latencies ``torch_s``, ``numpy_s``, ``tvm_default_s``, ``ms_tuned_s``, MetaSchedule's search
-    time ``ms_tune_s`` and ``notes``. ``json_out`` writes that list as JSON.
+    time ``ms_tune_s``, ``ms_database`` (the baseline database used: ``source`` shipped / retuned /
+    env / shared, ``path``, ``tuned_for``) and ``notes``. ``json_out`` writes that list as JSON.
 
     ``_schedule``/``_normalize`` are private hooks for testing the harness without roller.
     """
@@ -370,7 +374,7 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
     if peers:
         reason = baselines.skip_reason(tgt)
         print(f"peers: torch ({_num_cores(tgt)} threads), numpy (GMM/SFM/NRM), tvm-default "
-              f"(unscheduled), ms-tuned ({reason or baselines.COMPILE_NOTE})", file=out)
+              f"(unscheduled), ms-tuned ({reason or baselines.compile_note(tgt)})", file=out)
     busy = _busy_warning()
     if busy:
         print(busy, file=out)
