@@ -1,17 +1,20 @@
 """The CPU backend: LLVM targets, device models from the target and the host."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import tvm
 
+from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import Backend
 from tvm_roller.backends.cpu.rules.chain import CpuChainRule
 from tvm_roller.backends.cpu.rules.conv import ConvRule
 from tvm_roller.backends.cpu.rules.streaming import StreamingRule
 from tvm_roller.backends.cpu.rules.tiled import TiledRule
+from tvm_roller.backends.cpu.vector_math import rewrite_vector_math, vector_math_pass
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware import cpu as cpu_hw
+from tvm_roller.hardware.calibrate import device_model as measured_device_model
 from tvm_roller.hardware.model import DeviceModel
 
 
@@ -21,7 +24,10 @@ class CpuBackend(Backend):
     # axis with unit-stride weights for every window, stride and group count (BENCHMARKS.md,
     # "Real models"). PyTorch's NCHW weights are constants: their transposes fold at compile
     # time; ConvertLayout carries the activations' layout through elementwise ops and pooling.
-    conv_layouts = {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"]}
+    # A transposed convolution stays NCHW: LegalizeOps lowers conv2d_transpose in NCHW only
+    # (ConvertLayout would otherwise carry a producer's NHWC into it and VM codegen fails)
+    conv_layouts = {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"],
+                    "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     traceable_chains = True
     runner_device = "cpu"
     tuning_kind = "llvm"
@@ -30,8 +36,19 @@ class CpuBackend(Backend):
         # a convolution is tiled too: its rule comes first
         super().__init__((ConvRule(), TiledRule(), StreamingRule()), CpuChainRule())
 
+    def analyze(self, func) -> FuncAnalysis:
+        """The analysis of ``func``, whose function (what every rule lowers) has its float32
+        exp / erf / tanh / sigmoid calls as vector polynomials (``vector_math``): LLVM would
+        call scalar libm per element. The analysis itself is of the function as given."""
+        fa = super().analyze(func)
+        return dataclasses.replace(fa, func=rewrite_vector_math(fa.func))
+
+    def fallback_passes(self, target: tvm.target.Target) -> list:
+        """What roller declines stays unscheduled, with the same vector math."""
+        return [vector_math_pass()]
+
     def device_model(self, target: tvm.target.Target) -> DeviceModel:
-        return cpu_hw.from_target(target)
+        return measured_device_model(target)
 
     def check_device(self, target: tvm.target.Target, dev: DeviceModel) -> list:
         if dev.kind != "cpu":
@@ -40,8 +57,11 @@ class CpuBackend(Backend):
         return []
 
     def describe_device(self, dev: DeviceModel) -> str:
+        table = dev.cpu.tile_gflops if dev.cpu else None
+        rates = (f"; compute rate per register tile measured ({len(table)} tiles)" if table
+                 else "; compute rate per register tile estimated (FMA latency and load ports)")
         return (f"device: {dev.name} ({dev.source}), {dev.num_units} units, "
-                f"{dev.simd_bytes * 8}-bit SIMD, {dev.num_vector_registers} vector regs")
+                f"{dev.simd_bytes * 8}-bit SIMD, {dev.num_vector_registers} vector regs{rates}")
 
     def relax_stages(self) -> types.ModuleType:
         # (relax.pipeline.dataflow_lower_passes would dispatch, but in 0.27 it looks the

@@ -22,7 +22,7 @@ from tvm.ir.expr import TensorLoad
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
 from tvm_roller.analysis.schedule import (add_unit_loops, attempt, axis_loops, block_names, extent,
-                                          is_padding, is_reduction, perfect_split)
+                                          is_padding, is_reduction, perfect_split, realize_of)
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.rtile import RTile
 
@@ -175,7 +175,12 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     sch.annotate(task, "pragma_unroll_explicit", 1)
 
     for name in leftovers:
-        _parallel_vectorize_block(sch, sch.get_sblock(name), lanes, t.num_tasks)
+        blk = sch.get_sblock(name)
+        pair = None if is_reduction(sch, blk) else _transposed_pair(sch, blk, lanes)
+        if pair is not None:  # a transposed operand (NT batch matmul): 2-D blocks, not rows
+            _block_2d(sch, blk, pair, lanes, t.num_tasks)
+        else:
+            _parallel_vectorize_block(sch, blk, lanes, t.num_tasks)
     for name in padded:
         # the task's padded input window, computed where the task starts (cache-resident)
         pad = sch.get_sblock(name)
@@ -257,9 +262,12 @@ def _pack_operand(sch: s_tir.Schedule, main, name: str, at_loop, panel: int, lan
 
 
 # -- memory-bound kinds ----------------------------------------------------------------------------
-def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0):
+def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0,
+                                 lanes_last: bool = False):
     """Vectorize a reduction over its innermost reduction loop through rfactor; optionally
-    first split it ``split_cores`` ways into independent parallel partial sums."""
+    first split it ``split_cores`` ways into independent parallel partial sums. ``lanes_last``:
+    the partial sums' lane axis innermost in their buffer (rows of partial sums, one row per
+    output element, contiguous when the lanes are vectorized under a row loop)."""
     blk = sch.get(block)
     red_vars = [i for i, iv in enumerate(blk.iter_vars) if iv.iter_type == 2]
     loops = sch.get_loops(block)
@@ -284,8 +292,33 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         return
     if ext >= lanes and ext % lanes == 0:
         ko, ki = sch.split(k, [None, lanes])
-        rf = sch.rfactor(ki, 0)
+        rf = sch.rfactor(ki, len(sch.get(block).writes[0].source.shape) if lanes_last else 0)
         _vectorize_rf(sch, rf, lanes)
+
+
+def _vectorize_lanes_under_row(sch: s_tir.Schedule, blk, row, lanes: int) -> None:
+    """An rfactor'ed partial reduction moved under the row loop (``compute_at`` regenerates its
+    loops without their annotations): its lane loop, the one loop under the row bound to a
+    spatial axis of ``lanes`` elements, innermost and vectorized."""
+    loops = sch.get_loops(blk)
+    loops = loops[next((i + 1 for i, l in enumerate(loops) if l.same_as(row)), 0):]
+    lvars = [sch.get(l).loop_var for l in loops]
+    b = sch.get(blk)
+    lane = [l for iv, val in zip(b.iter_vars, realize_of(sch, blk).iter_values)
+            if iv.iter_type == 0 and _iv_extent(iv) == lanes
+            for l, lv in zip(loops, lvars) if lv.same_as(val)]
+    if len(lane) != 1:
+        return
+    pos = next(i for i, l in enumerate(loops) if l.same_as(lane[0]))
+    after = loops[pos + 1:]
+    if after:
+        sch.reorder(*after, lane[0])
+    sch.vectorize(lane[0])
+
+
+def _iv_extent(iv) -> Optional[int]:
+    e = iv.dom.extent
+    return int(e.value) if isinstance(e, tvm.tirx.IntImm) else None
 
 
 def _vectorize_rf(sch: s_tir.Schedule, rf, lanes: int) -> None:
@@ -443,7 +476,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         for name in names[:-1]:
             blk = sch.get_sblock(name)
             if is_reduction(sch, blk):
-                _reduction_rfactor_vectorize(sch, blk, lanes)
+                _reduction_rfactor_vectorize(sch, blk, lanes, lanes_last=True)
         out_loops = sch.get_loops(out)
         row_loops = out_loops[:len(row_loops)]
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
@@ -453,6 +486,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         for name in block_names(sch):
             blk = sch.get_sblock(name)
             if is_reduction(sch, blk):
+                _vectorize_lanes_under_row(sch, blk, row, lanes)
                 continue
             ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
             if ls and not _is_vectorized(sch, ls[-1]):
