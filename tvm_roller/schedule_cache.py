@@ -32,6 +32,10 @@ the ``s_tir`` schedule primitives preserve the function's semantics or raise. A 
 the planner like a fresh plan (``api.plan_prepared``): the function's op rule validates each
 cached tile first (a tile whose splits make no sense can crash TVM natively, so it must never
 reach ``apply``), and :func:`cached_schedule` re-plans when applying a cached tile raises.
+
+A function the planner rewrites into independent parts (``api``: a transposed convolution as one
+sub-convolution per output parity) has no entry of its own: each part is looked up, validated
+and stored under its own key, and the whole is a hit when every part is.
 """
 from __future__ import annotations
 
@@ -52,7 +56,8 @@ import tvm_ffi
 from tvm import s_tir
 
 from tvm_roller.analysis import unwrap_func
-from tvm_roller.api import Lowered, Plan, Prepared, lower, plan_prepared, prepare, resolve_target
+from tvm_roller.api import (Lowered, Plan, Prepared, lower, plan_parts, plan_prepared, prepare,
+                            resolve_target)
 from tvm_roller.backends.base import InvalidTile, check_tile_shape
 from tvm_roller.core.rtile import RTile
 from tvm_roller.core.types import TargetLike
@@ -347,22 +352,39 @@ def _sweep_stale_tmp(directory: Path) -> None:
 
 # -- planning through the cache --------------------------------------------------------------------
 def _cached_plan(func, target: TargetLike, topk: int, device: Optional[DeviceModel],
-                 cache: ScheduleCache) -> Tuple[Plan, _Key]:
+                 cache: ScheduleCache) -> Tuple[Plan, List[_Key]]:
     """The plan of ``func`` through the cache: a hit's tiles go through the same planner
     (``plan_prepared``), which validates them with the function's rule; a miss plans and
-    stores. ``Plan.from_cache`` tells which."""
+    stores. ``Plan.from_cache`` tells which. Also the keys the plan was looked up under: one,
+    or one per part of a function the planner decomposes (each part has its own entry)."""
     prep = prepare(func, target, device)  # raises UnsupportedError exactly as plan() would
+    return _cached_prepared(prep, topk, cache)
+
+
+def _cached_prepared(prep: Prepared, topk: int, cache: ScheduleCache
+                     ) -> Tuple[Plan, List[_Key]]:
+    if prep.parts:  # each part through the cache, under its own key
+        got = [_cached_prepared(part, topk, cache) for part in prep.parts]
+        return plan_parts(prep, [p for p, _ in got]), [k for _, keys in got for k in keys]
     k = cache._key(prep.analysis.func, prep.target, prep.device)
     tiles = cache._get(k, topk)
     if tiles is not None:
         names = [a.name for a in prep.analysis.axes]  # names are not in the hash: this func's
         tiles = [dataclasses.replace(t, axes=list(names)) for t in tiles]
         try:
-            return plan_prepared(prep, topk, tiles), k
+            return plan_prepared(prep, topk, tiles), [k]
         except InvalidTile as err:
             cache._discard(cache._path(k.digest), f"tile does not fit the function: {err}",
                            "stale")
-    return _plan_and_store(prep, cache, k, topk), k
+    return _plan_and_store(prep, cache, k, topk), [k]
+
+
+def _replan(prep: Prepared, cache: ScheduleCache, topk: int) -> Plan:
+    """Plan afresh and store (every part of a decomposed function under its own key)."""
+    if prep.parts:
+        return plan_parts(prep, [_replan(part, cache, topk) for part in prep.parts])
+    return _plan_and_store(prep, cache, cache._key(prep.analysis.func, prep.target,
+                                                   prep.device), topk)
 
 
 def _plan_and_store(prep: Prepared, cache: ScheduleCache, k: _Key, topk: int) -> Plan:
@@ -408,13 +430,16 @@ def cached_schedule(func, target: TargetLike, device: Optional[DeviceModel] = No
     """Plan through the cache and apply the best tile. If a cached tile fails to apply (e.g.
     written by a lowering that has since changed), warn, drop the entry, re-plan and store."""
     cache = cache if cache is not None else ScheduleCache()
-    p, k = _cached_plan(func, target, 1, device, cache)
-    if not p.from_cache:
+    p, keys = _cached_plan(func, target, 1, device, cache)
+    # a decomposed function: some parts may come from the cache, others planned now
+    cached = p.from_cache or any(part.from_cache for part in p.parts)
+    if not cached:
         return CachedSchedule(p, lower(p, p.tiles[0]), False)
     try:
-        return CachedSchedule(p, lower(p, p.tiles[0]), True)
+        return CachedSchedule(p, lower(p, p.tiles[0]), p.from_cache)
     except _APPLY_ERRORS as err:
-        cache._discard(cache._path(k.digest),
-                       f"cached tile failed to apply: {type(err).__name__}: {err}", "stale")
-    p = _plan_and_store(prepare(func, target, device), cache, k, 1)
+        for k in [k for part, k in zip(p.parts or (p,), keys) if part.from_cache]:
+            cache._discard(cache._path(k.digest),
+                           f"cached tile failed to apply: {type(err).__name__}: {err}", "stale")
+    p = _replan(prepare(func, target, device), cache, 1)
     return CachedSchedule(p, lower(p, p.tiles[0]), False)

@@ -159,6 +159,10 @@ class Backend(ABC):
     runner_device: str = "cpu"
     #: the target kind MetaSchedule's default mutators are created for
     tuning_kind: str = "llvm"
+    #: whether the planner may rewrite a function into independent parts, each planned by
+    #: these rules and stitched back (``analysis.parts``: a transposed convolution as one
+    #: sub-convolution per output parity class)
+    decomposes: bool = True
 
     def __init__(self, rules: Sequence[OpRule], chain_rule: Optional[ChainRule] = None) -> None:
         self._rules = tuple(rules)
