@@ -1,7 +1,8 @@
 """Shared settings and helpers for the tvm_roller tests.
 
 * ``TVM_ROLLER_CACHE`` points at a fresh temporary directory for the whole session, so no test
-  reads (or writes) this machine's calibration cache.
+  reads (or writes) this machine's calibration cache; ``TVM_ROLLER_CALIBRATE=0``: nothing is
+  calibrated on first use.
 * ``TARGET`` / ``device()``: the fixed target and preset device model the op tests plan for, so
   the constructed schedules do not depend on calibration or on the host.
 * every CUDA module a test builds with roller is compiled by nvcc (``check_executable``).
@@ -24,6 +25,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (tests/ mirrors 
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="tvm-roller-test-cache-")
 os.environ["TVM_ROLLER_CACHE"] = _CACHE_DIR
+# the tests plan with presets and estimates: no calibration on first use
+os.environ["TVM_ROLLER_CALIBRATE"] = "0"
 
 TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
 # the CUDA targets the GPU tests build for: sm_90 with the H100 tag (whose own arch is sm_90a)

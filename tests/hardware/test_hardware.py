@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import warnings
 from pathlib import Path
@@ -269,3 +270,60 @@ def test_calibrate_refuses_foreign_targets():
         # an ISA this host lacks would SIGILL in the kernels: refused before running anything
         with pytest.raises(UnsupportedError, match="lacks"):
             calibrate({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
+
+
+# -- calibration on first use ---------------------------------------------------------------------
+def _fake_calibration(calls):
+    def fake(target=None, quick=False, save=True):
+        calls.append((quick, save))
+        m = dataclasses.replace(from_target(target, use_cache=False), source="calibrated:fake")
+        m.cpu = dataclasses.replace(m.cpu, tile_gflops={"4x1": 100.0})
+        if save:
+            key = hw_cache.calibration_key(hw_cpu.host_cpu(), _attrs(normalize_target(target))["mcpu"],
+                                           m.num_units)
+            m.source = f"calibrated:{hw_cache.save_calibration(key, m)}"
+        return m
+    return fake
+
+
+def _calibrate_module():
+    # ``tvm_roller.hardware.calibrate`` the attribute is the function; the module by name
+    return importlib.import_module("tvm_roller.hardware.calibrate")
+
+
+def test_first_use_calibrates_once_and_caches(private_cache, monkeypatch):
+    mod = _calibrate_module()
+    calls = []
+    monkeypatch.setattr(mod, "calibrate", _fake_calibration(calls))
+    monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
+    host = {"kind": "llvm"}
+    first = mod.device_model(host)
+    assert calls == [(True, True)] and first.source.startswith("calibrated:")
+    again = mod.device_model(host)  # the cache answers: no second measurement
+    assert calls == [(True, True)] and again.cpu.tile_gflops == {"4x1": 100.0}
+
+
+def test_first_use_calibration_off_or_foreign_target(private_cache, monkeypatch):
+    mod = _calibrate_module()
+    calls = []
+    monkeypatch.setattr(mod, "calibrate", _fake_calibration(calls))
+    monkeypatch.setenv(mod.CALIBRATE_ENV, "0")
+    assert mod.device_model({"kind": "llvm"}).source.startswith("estimated")
+    monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
+    # not this machine's CPU: nothing to measure it on
+    assert mod.device_model({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu",
+                             "num-cores": 4}).source.startswith("estimated")
+    assert calls == []
+
+
+def test_first_use_calibration_failure_is_reported(private_cache, monkeypatch):
+    mod = _calibrate_module()
+
+    def broken(*a, **k):
+        raise RuntimeError("calibration process failed (exit -11)")
+
+    monkeypatch.setattr(mod, "calibrate", broken)
+    monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
+    with pytest.warns(UserWarning, match="first use failed.*exit -11"):
+        m = mod.device_model({"kind": "llvm"})
+    assert m.source.startswith("estimated")

@@ -2,6 +2,7 @@
 
 Numbers come from, in order of preference:
   1. a calibration cache entry for (host CPU, target mcpu, num-cores)  -> source "calibrated:<file>";
+     (``hardware.calibrate.device_model`` measures a host target on first use);
   2. the host's /sys cache description and /proc/cpuinfo frequency when the target's mcpu is the
      host CPU, with bandwidths/peak estimated from the preset of the same ISA -> "estimated:sysfs...";
   3. the preset of the same ISA, rescaled to the target's core count      -> "estimated:preset ...".

@@ -59,6 +59,9 @@ class CpuTraits:
     calibration_foreign_cpu_share: Optional[float] = None  # -1.0: unknown (no /proc/stat)
     peak_tile_rows: Optional[int] = None  # register tile of the peak-FLOPS kernel
     peak_tile_cols: Optional[int] = None
+    # one core's GFLOP/s of the register micro-kernel per tile "<rows>x<vectors>" (float32,
+    # operands in L1), measured by calibrate(); None: the micro-model's analytical efficiency
+    tile_gflops: Optional[Dict[str, float]] = None
 
 
 @dataclass(frozen=True, kw_only=True)

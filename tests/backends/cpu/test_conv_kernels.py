@@ -2,7 +2,7 @@
 hands them to roller (pad + conv + bias + ReLU fused by FuseTIR, int64 extents), 1-D and 2-D,
 strided, patchify, grouped, depthwise, with small, odd and prime sizes and few output channels.
 Each is classified "tiled" (by its reuse), gets the convolution construction (accumulators in
-registers over the whole window) and matches a float64 numpy reference."""
+registers over the whole window) among its candidates and matches a float64 numpy reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,10 +22,14 @@ def _fused_conv(dims, n, cin, size, cout, k, s, p, g, relu=True, dtype="float32"
 
 def _check(dims, n, cin, size, cout, k, s, p, g, relu=True, dtype="float32", d=1):
     func = _fused_conv(dims, n, cin, size, cout, k, s, p, g, relu, dtype, d)
-    plan = tvm_roller.plan(func, TARGET, device=device())
+    plan = tvm_roller.plan(func, TARGET, topk=2, device=device())
     assert plan.analysis.kind == "tiled", tvm_roller.explain(func, TARGET, device=device())
-    tile = plan.tiles[0]
-    assert tile.acc_level == "reg" and any("convolution" in note for note in tile.notes), tile
+    # the convolution's construction leads, or follows a generic tile the micro-model
+    # predicts clearly faster (and says so)
+    own = [t for t in plan.tiles if t.acc_level == "reg" and
+           any("convolution" in note for note in t.notes)]
+    assert own, plan.tiles
+    assert own[0] is plan.tiles[0] or any("generic tile is predicted" in n for n in own[0].notes)
     x = rand((n,) + (size,) * dims + (cin,), dtype, 1)
     w = rand((k,) * dims + (cin // g, cout), dtype, 2)
     b = rand((cout,), dtype, 3)

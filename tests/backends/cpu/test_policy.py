@@ -17,6 +17,7 @@ from tvm_roller import hardware
 from tvm_roller.analysis import analyze
 from tvm_roller.analysis.traffic import num_tiles
 from tvm_roller.backends.cpu.policy import _scale_out
+from tvm_roller.backends.cpu.policy_conv import _RIVAL_MARGIN
 from tvm_roller.backends.registry import backend_for
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import RTile, aligned_steps, padding_waste
@@ -219,9 +220,11 @@ def test_construction_is_deterministic(wl):
     b = [t.to_json() for t in tvm_roller.plan(te.create_prim_func(list(_WLS[wl]())), TARGET,
                                               topk=3, device=device()).tiles]
     assert a == b
-    # the ranking is by predicted time
+    # the ranking is by predicted time; a convolution's own tile leads unless a generic tile
+    # is predicted clearly faster
     preds = [json.loads(x)["predicted_s"] for x in a]
-    assert preds == sorted(preds)
+    assert preds[1:] == sorted(preds[1:])
+    assert preds[0] <= min(preds) / (1.0 - _RIVAL_MARGIN)
 
 
 def test_construction_is_deterministic_across_processes():

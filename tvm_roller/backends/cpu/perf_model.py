@@ -6,11 +6,11 @@ the prediction is the largest term of the busiest core, and the rTile records wh
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
-                                         output_bytes, register_loads)
+from tvm_roller.analysis.traffic import (accumulator_registers, num_tiles, output_bytes,
+                                         register_loads)
 from tvm_roller.core.estimate import finish
 from tvm_roller.core.rtile import RTile, ceil_div
 from tvm_roller.hardware import DeviceModel
@@ -18,6 +18,77 @@ from tvm_roller.hardware.model import DTYPE_BYTES
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
 _LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
+_TASK_WORKSPACE_S = 7e-7  # allocating and freeing a task's accumulator workspace (DEP:2, 32 tasks)
+_STACK_BYTES = 1024  # TVM keeps smaller local buffers on the stack
+# An out-of-order core overlaps a tile's compute with its cache traffic only in part: the
+# bound term plus half of each other one ranked the measured tiles of the cost check best
+# (BENCHMARKS.md, "Cost check (issue 15)": median Spearman 0.51 -> 0.62 over plain max).
+_OVERLAP_REST = 0.5
+_SHARED_FILL = 0.5  # of the shared cache a function's data may use and still be re-read there
+
+
+_FILL = 0.5  # of a private cache one operand's slice may take and still be reused there
+
+
+def _slice(acc, tile) -> int:
+    """Bytes of one operand a tile touches."""
+    return acc.footprint(tuple(tile)) * acc.bytes_per_elem
+
+
+def _reloads(acc, nested, capacity: float) -> float:
+    """Bytes of ``acc`` read into a level of ``capacity``: (count, tile) pairs from the largest
+    tile down; the first whose slice fits is what the level holds (the last one regardless)."""
+    for count, tile in nested:
+        if _slice(acc, tile) <= capacity:
+            return count * _slice(acc, tile)
+    count, tile = nested[-1]
+    return count * _slice(acc, tile)
+
+
+def _issue_cycles(dev: DeviceModel, n_acc: int, loads: int) -> float:
+    """Cycles per reduction step of a register tile when FMAs and loads issue in parallel."""
+    return max(n_acc / dev.cpu.fma_per_cycle, loads / dev.cpu.loads_per_cycle)
+
+
+def _measured_rate(table: Dict[str, float], rows: int, vectors: int) -> Optional[float]:
+    """One core's measured GFLOP/s for a ``rows`` x ``vectors`` register tile, linear in rows
+    between the measured tiles of the same width (clamped at the ends), None when the table
+    has no tile of that width."""
+    vectors = min(vectors, max(int(k.split("x")[1]) for k in table))
+    col = sorted((int(k.split("x")[0]), g) for k, g in table.items()
+                 if int(k.split("x")[1]) == vectors)
+    if not col:
+        return None
+    if rows <= col[0][0]:
+        return col[0][1] * rows / col[0][0]  # fewer rows than measured: latency-bound, linear
+    for (r0, g0), (r1, g1) in zip(col, col[1:]):
+        if r0 <= rows <= r1:
+            return g0 + (g1 - g0) * (rows - r0) / (r1 - r0)
+    return col[-1][1]
+
+
+def micro_kernel_efficiency(fa: FuncAnalysis, dev: DeviceModel, reg, lanes: int, n_acc: int,
+                            loads: int) -> float:
+    """Share of one core's peak the register micro-kernel reaches (before partial vectors).
+
+    Calibrated (``CpuTraits.tile_gflops``): the measured rate of a GEMM micro-kernel of the same
+    rows x vectors over the best measured tile, scaled down when this tile issues more loads per
+    step than that GEMM kernel (a broadcast per row and one load per vector). Otherwise: enough
+    independent accumulators to hide the FMA latency (``fma_chains``) and loads that keep up."""
+    traits = dev.cpu
+    v = fa.vector_axis
+    table = traits.tile_gflops
+    if table and v is not None:
+        vectors = ceil_div(reg[v], lanes)
+        rows = max(1, n_acc // vectors)
+        rate = _measured_rate(table, rows, vectors)
+        if rate is not None:
+            gemm = _issue_cycles(dev, n_acc, rows + vectors)
+            return min(1.0, rate / max(table.values())) * \
+                min(1.0, gemm / _issue_cycles(dev, n_acc, loads))
+    eff_latency = min(1.0, n_acc / traits.fma_chains)
+    eff_load = min(1.0, (n_acc / traits.fma_per_cycle) / max(loads / traits.loads_per_cycle, 1e-9))
+    return eff_latency * eff_load
 
 
 def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
@@ -36,42 +107,64 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
                    for i, a in enumerate(fa.axes))
     n_acc = accumulator_registers(fa, reg, lanes)
     loads = register_loads(fa, reg, lanes)
-    chains = dev.cpu.fma_chains  # independent FMAs in flight to hide latency
-    fma_per_cycle = dev.cpu.fma_per_cycle
-    load_per_cycle = dev.cpu.loads_per_cycle
-    eff_latency = min(1.0, n_acc / chains)
-    eff_load = min(1.0, (n_acc / fma_per_cycle) / max(loads / load_per_cycle, 1e-9))
     v = fa.vector_axis
     eff_simd = 1.0
     if v is not None:
         eff_simd = min(reg[v], lanes) / lanes if reg[v] < lanes else 1.0
     else:
         eff_simd = 1.0 / lanes
-    eff = max(1e-3, eff_latency * eff_load * eff_simd)
+    eff = max(1e-3, micro_kernel_efficiency(fa, dev, reg, lanes, n_acc, loads) * eff_simd)
     peak_core = dev.peak_per_unit(fa.dtype) * 1e9
     compute = 2.0 * padded / (peak_core * eff) / busy * (waves * busy / tasks if tasks else 1.0)
 
     # traffic per level, per core (private caches) or in total (shared levels)
-    steps_reg = num_tiles(fa, reg, S) * math.prod(a.extent for a in fa.axes if a.kind == "R")
+    tiles_reg = num_tiles(fa, reg, S)
+    red_steps = math.prod(a.extent for a in fa.axes if a.kind == "R")
+    steps_reg = tiles_reg * red_steps
     bytes_l1 = steps_reg * loads * lanes * elem if v is not None else steps_reg * loads * elem
-    n1 = num_tiles(fa, l1)
-    bytes_l2 = n1 * (input_bytes(fa, l1) + 2 * output_bytes(fa, l1))
-    n2 = num_tiles(fa, l2)
-    bytes_l3 = n2 * (input_bytes(fa, l2) + 2 * output_bytes(fa, l2))
+    # the accumulators are loaded and stored once per reduction chunk of the L1 tile when the
+    # task's tile accumulates in cache (once in all when they stay in registers)
+    chunks = 1 if t.acc_level == "reg" else num_tiles(fa, l1, fa.reduction)
+    bytes_l1 += tiles_reg * chunks * 2 * output_bytes(fa, reg)
+    L1, L2 = dev.levels[0], dev.levels[1]
+    # Each operand is re-read from the level below once per tile of the largest tile whose
+    # slice of it fits the level (half of it: ROLLER's fill): the L2 (task) tile, the L1 tile,
+    # the register tile over its reduction chunk, or the register tile every step (a
+    # convolution's whole window kept in registers over a filter slice that fits nowhere).
+    chunk = [r if a.kind == "S" else c for a, r, c in zip(fa.axes, reg, l1)]
+    bytes_l2 = bytes_l3 = 0
+    for acc in fa.reads + fa.writes:
+        written = any(acc is w for w in fa.writes)
+        nested = [(num_tiles(fa, l2), l2), (num_tiles(fa, l1), l1),
+                  (num_tiles(fa, chunk), chunk),
+                  (tiles_reg * (1 if written else red_steps), reg)]
+        ways = 2 if written else 1  # an output tile is read and written back
+        bytes_l2 += ways * _reloads(acc, nested[1:], _FILL * L1.capacity_bytes)
+        bytes_l3 += ways * _reloads(acc, nested, _FILL * L2.capacity_bytes)
     unique = sum(acc.footprint(tuple(a.extent for a in fa.axes)) * acc.bytes_per_elem
                  for acc in fa.reads + fa.writes)
-    L1, L2 = dev.levels[0], dev.levels[1]
     shared = [lv for lv in dev.levels[2:]]
-    outer = shared[0] if shared and unique <= shared[0].capacity_bytes else dev.dram
+    # the data is re-read from the shared cache only if it stays there: a working set near its
+    # capacity is evicted by everything else (the other cores' tiles, the stack, the OS)
+    outer = shared[0] if shared and unique <= _SHARED_FILL * shared[0].capacity_bytes \
+        else dev.dram
     per_core = waves / tasks if tasks else 1.0  # fraction of the work the busiest core does
     terms: Dict[str, float] = {
         "compute": compute,
         "L1": bytes_l1 * per_core / (L1.bandwidth_gbs * 1e9),
         "L2": bytes_l2 * per_core / (L2.bandwidth_gbs * 1e9),
         outer.name: bytes_l3 / (outer.bandwidth_gbs * 1e9 * (1 if outer.shared else busy)),
-        "DRAM-once": unique / (dev.dram.bandwidth_gbs * 1e9),
+        # every byte once, from where the data lives between calls (a timed loop or the
+        # previous op leaves a function that fits the shared cache there)
+        "DRAM-once": unique / (outer.bandwidth_gbs * 1e9),
     }
-    return finish(t, terms, (_LAUNCH_OVERHEAD_S, _TASK_OVERHEAD_S * waves), tasks)
+    # a task's accumulator tile in cache is a workspace TVM allocates per task (on the heap
+    # above 1 KiB: TVMBackendAllocWorkspace)
+    per_task = _TASK_OVERHEAD_S
+    if t.acc_level != "reg" and output_bytes(fa, l2) > _STACK_BYTES:
+        per_task += _TASK_WORKSPACE_S
+    return finish(t, terms, (_LAUNCH_OVERHEAD_S, per_task * waves), tasks,
+                  overlap_rest=_OVERLAP_REST, floors=("DRAM-once",))
 
 
 def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved: int,

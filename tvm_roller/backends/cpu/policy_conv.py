@@ -31,7 +31,7 @@ from typing import List
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.traffic import accumulator_registers, register_loads
-from tvm_roller.backends.cpu.perf_model import predict_tiled
+from tvm_roller.backends.cpu.perf_model import micro_kernel_efficiency, predict_tiled
 from tvm_roller.backends.cpu.policy import construct_tiled
 from tvm_roller.core.rtile import RTile, ceil_div, padding_waste
 from tvm_roller.hardware import DeviceModel
@@ -39,12 +39,19 @@ from tvm_roller.hardware import DeviceModel
 _REG_LIMIT = 32  # largest register-tile size along a non-vector axis (the register file
 # bounds it anyway)
 _TAIL_WASTE = 0.1
+# A register tile that does not divide its axis leaves a predicate (``T.where``) on the update
+# of a convolution (pad_einsum does not take windows): LLVM then keeps the accumulators in memory.
+# Measured 28 vs 94 GFLOP/s (BENCHMARKS.md, "Irregular extents"); DIL:0 (109 outputs a row)
+# ran at 40 GFLOP/s with a 5-wide predicated tile.
+PREDICATED_RATE = 0.3
 # L1 geometry the set-conflict check assumes: 64-byte lines, addresses a page apart share a set,
 # 8 ways (every current x86 L1D has at least 8; cpu.py's transposes use the same page rule)
 _LINE_BYTES, _SET_ALIAS_BYTES, _L1_WAYS = 64, 4096, 8
 _TASKS_PER_CORE = 4  # enough tasks to balance cores (and absorb interference)
 _MIN_TASK_FLOPS = 5e5  # a task below this much work costs more to start than it balances
 L2_FILL = 0.5
+_RIVALS = 3  # generic tiles the convolution's own tile is compared with
+_RIVAL_MARGIN = 0.15  # how much faster a generic tile must be predicted to be ranked first
 
 
 def _divisors(n: int, limit: int) -> List[int]:
@@ -101,9 +108,6 @@ def _contiguity(fa: FuncAnalysis, axis: int) -> int:
 def register_tile(fa: FuncAnalysis, dev: DeviceModel, lanes: int) -> List[int]:
     v = fa.vector_axis
     nregs = dev.num_vector_registers
-    chains = dev.cpu.fma_chains
-    fma_per_cycle = dev.cpu.fma_per_cycle
-    load_per_cycle = dev.cpu.loads_per_cycle
     options = []
     for i, a in enumerate(fa.axes):
         if a.kind == "R" or a.extent == 1:
@@ -122,14 +126,15 @@ def register_tile(fa: FuncAnalysis, dev: DeviceModel, lanes: int) -> List[int]:
         if n_acc + vec_loads + 2 > nregs:
             continue
         loads = register_loads(fa, reg, lanes)
-        eff = min(1.0, n_acc / chains) * min(1.0, (n_acc / fma_per_cycle) /
-                                              max(loads / load_per_cycle, 1e-9))
+        eff = micro_kernel_efficiency(fa, dev, reg, lanes, n_acc, loads)
         simd = min(reg[v], lanes) / lanes
         # the work a partial last tile wastes (a divisor wastes none)
         simd *= math.prod(a.extent / (ceil_div(a.extent, r) * r) for a, r in zip(fa.axes, reg))
         # blocking concentrated on the preferred (contiguous) axes
         spread = tuple(reg[i] for i in order)
         exact = all(a.extent % r == 0 for a, r in zip(fa.axes, reg))  # no predicated tail
+        if not exact:  # the tail's predicate sits in every iteration of the micro-kernel
+            eff *= PREDICATED_RATE
         alias_ok = _same_set_lines(fa, reg, order) < _L1_WAYS
         key = (alias_ok, round(eff * simd, 2), exact, round(n_acc * min(reg[v], lanes) / loads, 3), n_acc,
                spread)
@@ -195,7 +200,10 @@ def construct_conv(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RT
     red = math.prod(a.extent for a in fa.axes if a.kind == "R")
     if reg is None:
         return construct_tiled(fa, dev, topk)
-    full = [a.extent for a in fa.axes]
+    # tasks are whole register tiles: an axis the register tile does not divide is covered by
+    # its multiple (the lowering splits the task tile into register tiles exactly)
+    full = [ceil_div(a.extent, r) * r if a.kind == "S" else a.extent
+            for a, r in zip(fa.axes, reg)]
     cap = dev.levels[1].capacity_bytes * L2_FILL
     positions = [i for i in fa.spatial if i != v]
     if _bytes(fa, full, "filter") + _bytes(fa, [reg[i] if i in positions else e
@@ -235,6 +243,13 @@ def construct_conv(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RT
               axis_kinds="".join(a.kind for a in fa.axes), reg=list(reg), l1=l1, l2=l2,
               vector_axis=v, vector_lanes=lanes, acc_level="reg", notes=notes)
     predict_tiled(fa, dev, t)
-    # more candidates (MetaSchedule's warm start, explain): the generic GEMM-style tiles
-    rest = construct_tiled(fa, dev, topk - 1) if topk > 1 else []
-    return [t] + [r for r in rest if r.key() != t.key()][:topk - 1]
+    # the generic GEMM-style tiles compete: the micro-model picks, the convolution's own tile
+    # first unless another is predicted clearly faster (a spilling window, a filter that
+    # streams from memory)
+    rest = [r for r in construct_tiled(fa, dev, max(topk, _RIVALS)) if r.key() != t.key()]
+    rest.sort(key=lambda r: r.predicted_s)
+    if rest and rest[0].predicted_s < (1.0 - _RIVAL_MARGIN) * t.predicted_s:
+        t.notes.append(f"a generic tile is predicted {t.predicted_s / rest[0].predicted_s:.2f}x "
+                       "faster: ranked first")
+        return (rest[:1] + [t] + rest[1:])[:topk]
+    return ([t] + rest)[:topk]
