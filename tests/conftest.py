@@ -240,3 +240,32 @@ def conv_chain_reference(x, w1, w2):
         for dw in range(3):
             y += xp[:, dh:dh + h, dw:dw + w, :] @ w1[dh, dw].astype(np.float64)
     return np.maximum(y, 0.0) @ w2[0, 0].astype(np.float64)
+
+
+def parity_guards(func) -> list:
+    """Selects (if_then_else) in the reduction blocks of ``func`` whose condition takes a
+    remainder: a parity guard left in a multiply-add."""
+    from tvm import s_tir, tirx
+
+    from tvm_roller.analysis.visit import post_order_visit
+
+    found = []
+
+    def guarded(e):
+        mods = []
+        post_order_visit(e, lambda n: mods.append(n) if isinstance(n, tirx.FloorMod) else None)
+        return bool(mods)
+
+    def in_reduction(e):
+        if isinstance(e, tirx.Select) and guarded(e.condition):
+            found.append(e)
+        elif str(getattr(getattr(e, "op", None), "name", "")).endswith("if_then_else") and \
+                guarded(e.args[0]):
+            found.append(e)
+
+    def visit(node):
+        if isinstance(node, s_tir.SBlock) and any(int(iv.iter_type) == 2 for iv in node.iter_vars):
+            post_order_visit(node.body, in_reduction)
+
+    post_order_visit(func.body, visit)
+    return found

@@ -8,12 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, s_tir, te, tirx, topi
+from tvm import relax, te, tirx, topi
 from tvm.s_tir.meta_schedule.testing import te_workload as W
 
 from tvm_roller.analysis import parity
-from tvm_roller.analysis.visit import post_order_visit
-from conftest import rand
+from conftest import parity_guards, rand
 
 HOST = {"kind": "llvm"}
 
@@ -80,31 +79,6 @@ def _default_build_output(func, arrays):
     return out.numpy()
 
 
-def _parity_guards(func) -> list:
-    """Selects (if_then_else) in the reduction blocks of ``func`` whose condition takes a
-    remainder: a parity guard left in a multiply-add."""
-    found = []
-
-    def guarded(e):
-        mods = []
-        post_order_visit(e, lambda n: mods.append(n) if isinstance(n, tirx.FloorMod) else None)
-        return bool(mods)
-
-    def in_reduction(e):
-        if isinstance(e, tirx.Select) and guarded(e.condition):
-            found.append(e)
-        elif str(getattr(getattr(e, "op", None), "name", "")).endswith("if_then_else") and \
-                guarded(e.args[0]):
-            found.append(e)
-
-    def visit(node):
-        if isinstance(node, s_tir.SBlock) and any(int(iv.iter_type) == 2 for iv in node.iter_vars):
-            post_order_visit(node.body, in_reduction)
-
-    post_order_visit(func.body, visit)
-    return found
-
-
 FORMS = {
     "te_nhwc_k4_s2_p1": lambda: _te(1, 4, 4, 8, 6, 4, 2, 1),
     "te_nhwc_k5_s3_p2_batch2": lambda: _te(2, 5, 7, 4, 5, 5, 3, 2),
@@ -132,8 +106,8 @@ def test_guard_found_and_rewrite_computes_the_same(form):
     n_classes = sum(1 for label in dec.labels if label != "prologue")
     assert n_classes == len(guard.classes) == np.prod([k for _, k in guard.split])
     assert len(dec.groups) == len(dec.labels)
-    assert bool(_parity_guards(func)) == (not guard.inlined)  # the check sees a guard
-    assert not _parity_guards(dec.func)
+    assert bool(parity_guards(func)) == (not guard.inlined)  # the check sees a guard
+    assert not parity_guards(dec.func)
     arrays = [rand(s, d, i) for i, (s, d) in enumerate(_specs(func)[:-1])]
     ref = _default_build_output(func, arrays)
     out = _default_build_output(dec.func, arrays)

@@ -43,6 +43,18 @@ def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     return n
 
 
+def register_bytes(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
+    """Bytes the register tile reads from L1 per reduction step: whole vectors along the
+    vector axis, one element per broadcast."""
+    v = fa.vector_axis
+    n = 0
+    for acc in fa.reads:
+        f = acc.footprint(tuple(reg))
+        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
+        n += (ceil_div(f, lanes) * lanes if vec else f) * acc.bytes_per_elem
+    return n
+
+
 def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     v = fa.vector_axis
     if v is None:

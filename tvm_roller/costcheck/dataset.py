@@ -131,19 +131,19 @@ def repredict(cands: List[Candidate], target=None,
     """The same measured tiles with the current micro-model's predictions (and features) for
     ``device`` (default: the target's device model on this machine): judge a model change on
     stored measurements without measuring again."""
-    from tvm_roller.api import resolve_target
+    from tvm_roller.api import prepare, resolve_target
     from tvm_roller.backends.cpu.perf_model import predict_tiled
-    from tvm_roller.backends.registry import backend_for, host_target
+    from tvm_roller.backends.registry import host_target
     from tvm_roller.suite import workloads
 
     tgt, dev, _ = resolve_target(target if target is not None else host_target(), device)
-    backend = backend_for(tgt)
     analyses: Dict[str, FuncAnalysis] = {}
     out = []
     for c in cands:
         if c.workload not in analyses:
             cls, idx = c.workload.split(":")
-            analyses[c.workload] = backend.analyze(workloads.create(cls, int(idx)))
+            # what the tiles were planned for (a decomposed function: its lead part)
+            analyses[c.workload] = prepare(workloads.create(cls, int(idx)), tgt, dev).analysis
         fa = analyses[c.workload]
         t = RTile.from_json(json.dumps(c.tile))
         if t.kind == "tiled":

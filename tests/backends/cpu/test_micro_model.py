@@ -60,10 +60,12 @@ def test_efficiency_follows_the_table_not_the_latency_rule():
     # 1 row x 1 vector: one accumulator; the table says a quarter of the peak, the analytical
     # rule (8 FMA chains) an eighth
     one = micro_kernel_efficiency(fa, cal, [1, 16, 1], 16, 1, 2)
-    assert one == pytest.approx(29.5 / 118.0, rel=1e-6)
+    assert one == pytest.approx(29.5 / (0.97 * 118.0), rel=1e-6)  # within 3% of best: best
     assert micro_kernel_efficiency(fa, dev, [1, 16, 1], 16, 1, 2) == pytest.approx(1 / 8)
     # 4 x 2 vectors reaches the peak in the table
-    assert micro_kernel_efficiency(fa, cal, [4, 32, 1], 16, 8, 6) == pytest.approx(118.0 / 118.0)
+    assert micro_kernel_efficiency(fa, cal, [4, 32, 1], 16, 8, 6) == pytest.approx(1.0)
+    # 6 rows x 3 vectors measured 115.3: within the table's noise of the best, so the best
+    assert micro_kernel_efficiency(fa, cal, [6, 48, 1], 16, 18, 9) == pytest.approx(1.0)
     # more loads per step than the GEMM kernel issues: slower than its table entry
     assert micro_kernel_efficiency(fa, cal, [1, 64, 1], 16, 4, 20) < \
         micro_kernel_efficiency(fa, cal, [1, 64, 1], 16, 4, 5)
@@ -84,13 +86,17 @@ def test_calibrated_prediction_ranks_by_measured_rate():
 
 
 def test_planner_uses_the_table():
-    fa_func = _matmul(128, 128, 128).func
-    rule = backend_for("llvm").rule_for(backend_for("llvm").analyze(fa_func))
-    fa = backend_for("llvm").analyze(fa_func)
-    plain = rule.construct(fa, device(), 1)[0]
-    cal = rule.construct(fa, _calibrated(device()), 1)[0]
-    assert plain.predicted_s > 0 and cal.predicted_s > 0
-    assert cal.terms["compute"] != plain.terms["compute"]
+    """The planner's predictions follow the device's table: a machine whose multi-row tiles
+    measured a third of the best rate is predicted slower than the analytical model says."""
+    backend = backend_for("llvm")
+    fa = backend.analyze(_matmul(128, 128, 128).func)
+    rule = backend.rule_for(fa)
+    slow = {k: (g if k.startswith("1x") else g / 3) for k, g in TABLE.items()}
+    dev = device()
+    plain = rule.construct(fa, dev, 1)[0]
+    cal = rule.construct(fa, dataclasses.replace(
+        dev, cpu=dataclasses.replace(dev.cpu, tile_gflops=slow)), 1)[0]
+    assert cal.terms["compute"] > 1.5 * plain.terms["compute"]
 
 
 def test_a_slice_that_overflows_its_level_is_not_reused_there():

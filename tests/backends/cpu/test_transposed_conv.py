@@ -7,23 +7,21 @@ CUDA-target build take the parts too."""
 from __future__ import annotations
 
 import itertools
-import tempfile
 
 import numpy as np
 import pytest
 import torch
 import tvm
 from torch import nn
-from tvm import relax, s_tir, te, tirx, topi
+from tvm import relax, te, topi
 from tvm.s_tir.meta_schedule.testing import te_workload as W
 
 import tvm_roller
 import tvm_roller.dlight
 import tvm_roller.relax as rr
 from tvm_roller import api
-from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.schedule_cache import ScheduleCache, cached_schedule
-from conftest import (F64_TOL, TARGET, assert_close, conv2d_transpose_nhwc, cuda_target, device,
+from conftest import (parity_guards, F64_TOL, TARGET, assert_close, conv2d_transpose_nhwc, cuda_target, device,
                       rand, run)
 
 F32_RTOL = 1e-5
@@ -31,7 +29,6 @@ F32_RTOL = 1e-5
 
 def conv_transpose_ncx(x, w, stride, padding, output_padding=0):
     """Channels-first transposed convolution of any rank: x[N, CI, *S], w[CI, CO, *K]."""
-    nd = x.ndim - 2
     size, ks = x.shape[2:], w.shape[2:]
     full = np.zeros((x.shape[0], w.shape[1]) + tuple((s - 1) * stride + k + output_padding
                                                       for s, k in zip(size, ks)))
@@ -43,36 +40,11 @@ def conv_transpose_ncx(x, w, stride, padding, output_padding=0):
     return full[(slice(None), slice(None)) + tuple(slice(padding, padding + o) for o in out)]
 
 
-def _guards_in_reductions(func) -> list:
-    """Selects (if_then_else) in the reduction blocks of ``func`` whose condition takes a
-    remainder: a parity guard left in a multiply-add."""
-    found = []
-
-    def guarded(e):
-        mods = []
-        post_order_visit(e, lambda n: mods.append(n) if isinstance(n, tirx.FloorMod) else None)
-        return bool(mods)
-
-    def in_reduction(e):
-        if isinstance(e, tirx.Select) and guarded(e.condition):
-            found.append(e)
-        elif str(getattr(getattr(e, "op", None), "name", "")).endswith("if_then_else") and \
-                guarded(e.args[0]):
-            found.append(e)
-
-    def visit(node):
-        if isinstance(node, s_tir.SBlock) and any(int(iv.iter_type) == 2 for iv in node.iter_vars):
-            post_order_visit(node.body, in_reduction)
-
-    post_order_visit(func.body, visit)
-    return found
-
-
 def _check(func, arrays, expect, dtype="float32", target=TARGET):
     p = tvm_roller.plan(func, target, device=device())
     assert p.parts and p.decomposed.decomposition.kind == "parity"
     sch = api.apply(p, p.tiles[0])
-    assert not _guards_in_reductions(sch.mod["main"])
+    assert not parity_guards(sch.mod["main"])
     lib = tvm_roller.build(func, target, device=device())
     shape = [int(s) for s in func.params[-1].shape]
     out = run(lib, arrays, shape, dtype)
@@ -153,7 +125,7 @@ def test_without_the_decomposition_the_guard_stays(monkeypatch):
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(1, 4, 4, 8, 8, 4, 2, 1)))
     monkeypatch.setattr(backend_for(TARGET), "decomposes", False)
     p = tvm_roller.plan(func, TARGET, device=device())
-    assert not p.parts and _guards_in_reductions(api.apply(p, p.tiles[0]).mod["main"])
+    assert not p.parts and parity_guards(api.apply(p, p.tiles[0]).mod["main"])
 
 
 def test_explain_says_why_and_shows_each_part():
@@ -184,7 +156,7 @@ def test_schedule_cache_serves_every_part(tmp_path):
 def test_dlight_rule_and_metaschedule_traces():
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(1, 4, 4, 8, 8, 4, 2, 1)))
     sch = tvm_roller.dlight.Roller(device()).apply(func, tvm.target.Target(TARGET), False)
-    assert sch is not None and not _guards_in_reductions(sch.mod["main"])
+    assert sch is not None and not parity_guards(sch.mod["main"])
     p = tvm_roller.plan(func, TARGET, device=device())
     with pytest.raises(tvm_roller.UnsupportedError, match="parts"):
         api.apply(p, p.tiles[0], traceable=True)  # a MetaSchedule record needs one trace
@@ -224,7 +196,7 @@ def test_cuda_target_builds_the_parts():
     p = tvm_roller.plan(func, tgt)
     assert p.parts
     sch = api.apply(p, p.tiles[0])
-    assert not _guards_in_reductions(sch.mod["main"])
+    assert not parity_guards(sch.mod["main"])
     lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
     x, w = rand((1, 5, 7, 8), seed=1), rand((4, 4, 8, 6), seed=2)
     out = run(lib, [x, w], (1, 10, 14, 6), "float32")

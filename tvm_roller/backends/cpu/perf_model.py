@@ -2,6 +2,8 @@
 
 Every term is a time in seconds computed from the device model's (calibrated or preset) constants;
 the prediction is the largest term of the busiest core, and the rTile records which term bounds it.
+The compute term's rate per register tile comes from the calibration's micro-kernel table
+(``CpuTraits.tile_gflops``) when the device has one.
 """
 from __future__ import annotations
 
@@ -10,23 +12,18 @@ from typing import Dict, Optional
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.traffic import (accumulator_registers, num_tiles, output_bytes,
-                                         register_loads)
+                                         register_bytes, register_loads)
 from tvm_roller.core.estimate import finish
 from tvm_roller.core.rtile import RTile, ceil_div
 from tvm_roller.hardware import DeviceModel
-from tvm_roller.hardware.model import DTYPE_BYTES
 
 _TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
 _LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
 _TASK_WORKSPACE_S = 7e-7  # allocating and freeing a task's accumulator workspace (DEP:2, 32 tasks)
 _STACK_BYTES = 1024  # TVM keeps smaller local buffers on the stack
-# An out-of-order core overlaps a tile's compute with its cache traffic only in part: the
-# bound term plus half of each other one ranked the measured tiles of the cost check best
-# (BENCHMARKS.md, "Cost check (issue 15)": median Spearman 0.51 -> 0.62 over plain max).
-_OVERLAP_REST = 0.5
+# measured rates within this of the best are the best (repeat-to-repeat noise of the table)
+_RATE_NOISE = 0.03
 _SHARED_FILL = 0.5  # of the shared cache a function's data may use and still be re-read there
-
-
 _FILL = 0.5  # of a private cache one operand's slice may take and still be reused there
 
 
@@ -84,8 +81,8 @@ def micro_kernel_efficiency(fa: FuncAnalysis, dev: DeviceModel, reg, lanes: int,
         rate = _measured_rate(table, rows, vectors)
         if rate is not None:
             gemm = _issue_cycles(dev, n_acc, rows + vectors)
-            return min(1.0, rate / max(table.values())) * \
-                min(1.0, gemm / _issue_cycles(dev, n_acc, loads))
+            peak = (1.0 - _RATE_NOISE) * max(table.values())
+            return min(1.0, rate / peak) * min(1.0, gemm / _issue_cycles(dev, n_acc, loads))
     eff_latency = min(1.0, n_acc / traits.fma_chains)
     eff_load = min(1.0, (n_acc / traits.fma_per_cycle) / max(loads / traits.loads_per_cycle, 1e-9))
     return eff_latency * eff_load
@@ -95,7 +92,6 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     """Fill ``t.predicted_s``, ``t.bound`` and ``t.terms`` for a tiled (reuse-heavy) rTile."""
     lanes = t.vector_lanes
     cores = dev.num_units
-    elem = DTYPE_BYTES.get(fa.dtype, 4)
     reg, l1, l2 = list(t.reg), list(t.l1), list(t.l2)
     S = fa.spatial
     tasks = num_tiles(fa, l2, S)
@@ -121,16 +117,17 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     tiles_reg = num_tiles(fa, reg, S)
     red_steps = math.prod(a.extent for a in fa.axes if a.kind == "R")
     steps_reg = tiles_reg * red_steps
-    bytes_l1 = steps_reg * loads * lanes * elem if v is not None else steps_reg * loads * elem
+    bytes_l1 = steps_reg * register_bytes(fa, reg, lanes)
     # the accumulators are loaded and stored once per reduction chunk of the L1 tile when the
     # task's tile accumulates in cache (once in all when they stay in registers)
     chunks = 1 if t.acc_level == "reg" else num_tiles(fa, l1, fa.reduction)
     bytes_l1 += tiles_reg * chunks * 2 * output_bytes(fa, reg)
     L1, L2 = dev.levels[0], dev.levels[1]
     # Each operand is re-read from the level below once per tile of the largest tile whose
-    # slice of it fits the level (half of it: ROLLER's fill): the L2 (task) tile, the L1 tile,
-    # the register tile over its reduction chunk, or the register tile every step (a
-    # convolution's whole window kept in registers over a filter slice that fits nowhere).
+    # slice of it fits the level (half of it: ROLLER's fill): into L2 from the task tile down,
+    # into L1 from the L1 tile down, then the register tile over its reduction chunk, or the
+    # register tile every step (a convolution's whole window kept in registers over a filter
+    # slice that fits nowhere).
     chunk = [r if a.kind == "S" else c for a, r, c in zip(fa.axes, reg, l1)]
     bytes_l2 = bytes_l3 = 0
     for acc in fa.reads + fa.writes:
@@ -155,7 +152,8 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
         "L2": bytes_l2 * per_core / (L2.bandwidth_gbs * 1e9),
         outer.name: bytes_l3 / (outer.bandwidth_gbs * 1e9 * (1 if outer.shared else busy)),
         # every byte once, from where the data lives between calls (a timed loop or the
-        # previous op leaves a function that fits the shared cache there)
+        # previous op leaves a function that fits the shared cache there; the name is the
+        # cold case's, kept for stored datasets)
         "DRAM-once": unique / (outer.bandwidth_gbs * 1e9),
     }
     # a task's accumulator tile in cache is a workspace TVM allocates per task (on the heap
@@ -163,8 +161,7 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     per_task = _TASK_OVERHEAD_S
     if t.acc_level != "reg" and output_bytes(fa, l2) > _STACK_BYTES:
         per_task += _TASK_WORKSPACE_S
-    return finish(t, terms, (_LAUNCH_OVERHEAD_S, per_task * waves), tasks,
-                  overlap_rest=_OVERLAP_REST, floors=("DRAM-once",))
+    return finish(t, terms, (_LAUNCH_OVERHEAD_S, per_task * waves), tasks)
 
 
 def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved: int,

@@ -247,7 +247,6 @@ def construct_conv(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RT
     # first unless another is predicted clearly faster (a spilling window, a filter that
     # streams from memory)
     rest = [r for r in construct_tiled(fa, dev, max(topk, _RIVALS)) if r.key() != t.key()]
-    rest.sort(key=lambda r: r.predicted_s)
     if rest and rest[0].predicted_s < (1.0 - _RIVAL_MARGIN) * t.predicted_s:
         t.notes.append(f"a generic tile is predicted {t.predicted_s / rest[0].predicted_s:.2f}x "
                        "faster: ranked first")
