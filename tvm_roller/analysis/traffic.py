@@ -30,29 +30,26 @@ def num_tiles(fa: FuncAnalysis, tile: Sequence[int], axes: Sequence[int] = None)
     return math.prod(ceil_div(fa.axes[i].extent, tile[i]) for i in axes)
 
 
+def _register_reads(fa: FuncAnalysis, reg: Sequence[int], lanes: int):
+    """(access, elements it reads per reduction step, whether as vectors) of each input of a
+    register tile: vectors along the vector axis; also a depthwise window's ``ff + rc`` (the
+    axis steps the last dimension by one, with a reduction offset)."""
+    v = fa.vector_axis
+    for acc in fa.reads:
+        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
+        yield acc, acc.footprint(tuple(reg)), vec
+
+
 def register_loads(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     """Load instructions per reduction step of the register tile (vector loads + broadcasts)."""
-    v = fa.vector_axis
-    n = 0
-    for acc in fa.reads:
-        f = acc.footprint(tuple(reg))
-        # vector loads along the vector axis; also a depthwise window's ``ff + rc`` (the axis
-        # steps the last dimension by one, with a reduction offset)
-        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
-        n += ceil_div(f, lanes) if vec else f
-    return n
+    return sum(ceil_div(f, lanes) if vec else f for _, f, vec in _register_reads(fa, reg, lanes))
 
 
 def register_bytes(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:
     """Bytes the register tile reads from L1 per reduction step: whole vectors along the
     vector axis, one element per broadcast."""
-    v = fa.vector_axis
-    n = 0
-    for acc in fa.reads:
-        f = acc.footprint(tuple(reg))
-        vec = v is not None and (acc.innermost_axis() == v or acc.unit_stride_innermost(v))
-        n += (ceil_div(f, lanes) * lanes if vec else f) * acc.bytes_per_elem
-    return n
+    return sum((ceil_div(f, lanes) * lanes if vec else f) * acc.bytes_per_elem
+               for acc, f, vec in _register_reads(fa, reg, lanes))
 
 
 def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> int:

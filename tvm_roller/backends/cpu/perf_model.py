@@ -130,14 +130,13 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     # slice that fits nowhere).
     chunk = [r if a.kind == "S" else c for a, r, c in zip(fa.axes, reg, l1)]
     bytes_l2 = bytes_l3 = 0
-    for acc in fa.reads + fa.writes:
-        written = any(acc is w for w in fa.writes)
-        nested = [(num_tiles(fa, l2), l2), (num_tiles(fa, l1), l1),
-                  (num_tiles(fa, chunk), chunk),
-                  (tiles_reg * (1 if written else red_steps), reg)]
-        ways = 2 if written else 1  # an output tile is read and written back
-        bytes_l2 += ways * _reloads(acc, nested[1:], _FILL * L1.capacity_bytes)
-        bytes_l3 += ways * _reloads(acc, nested, _FILL * L2.capacity_bytes)
+    # an output tile is read and written back, once per register tile
+    for accesses, per_step, ways in ((fa.reads, red_steps, 1), (fa.writes, 1, 2)):
+        for acc in accesses:
+            nested = [(num_tiles(fa, l2), l2), (num_tiles(fa, l1), l1),
+                      (num_tiles(fa, chunk), chunk), (tiles_reg * per_step, reg)]
+            bytes_l2 += ways * _reloads(acc, nested[1:], _FILL * L1.capacity_bytes)
+            bytes_l3 += ways * _reloads(acc, nested, _FILL * L2.capacity_bytes)
     unique = sum(acc.footprint(tuple(a.extent for a in fa.axes)) * acc.bytes_per_elem
                  for acc in fa.reads + fa.writes)
     shared = [lv for lv in dev.levels[2:]]
