@@ -148,7 +148,11 @@ def _prepare(func, tgt: tvm.target.Target, dev: DeviceModel, notes: Tuple[str, .
         try:
             parts = tuple(_prepare(f, tgt, dev, notes, t0, decompose=False) for f in dec.funcs)
         except UnsupportedError as err:
-            logger.info("tvm_roller: %s not planned by parts (%s): planned whole", fa.main, err)
+            # planned whole, as before the rewrite; the plan's notes (explain, reports) say why
+            reason = f"{fa.main}: {dec.decomposition.kind} decomposition not planned by parts " \
+                     f"({err}): planned whole"
+            logger.info("tvm_roller: %s", reason)
+            notes = notes + (reason,)
         else:
             lead = max(range(len(parts)), key=lambda i: (parts[i].analysis.flops, -i))
             dec = Decomposed(fa, dec.decomposition, dec.funcs, lead)
