@@ -23,7 +23,9 @@ _default_thread_count()
 
 # (these cost ~nothing once tvm is imported)
 from tvm_roller import dlight, hardware, relax  # noqa: E402
-from tvm_roller.api import build, explain, plan, schedule  # noqa: E402
+from tvm_roller.api import plan, schedule  # noqa: E402
+# build and explain take static functions and functions with symbolic extents alike
+from tvm_roller.dynamic import build, explain  # noqa: E402
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError  # noqa: E402
 from tvm_roller.core.rtile import RTile  # noqa: E402
 

@@ -348,7 +348,7 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
     lines += [f"  note: {n}" for n in p.target_notes]
     lines.append(p.backend.describe_device(p.device))
     if not p.parts:
-        return "\n".join(lines + _plan_lines(p))
+        return "\n".join(lines + plan_lines(p))
     fa, dec = p.decomposed.whole, p.decomposed
     lines.append(f"main block: {fa.main}, dtype {fa.dtype}, {fa.flops / 1e6:.2f} MFLOP as "
                  "written")
@@ -361,12 +361,12 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
     for i, (part, label) in enumerate(zip(p.parts, dec.decomposition.labels)):
         lead = " (lead: the plan's candidates are its tiles)" if i == dec.lead else ""
         lines.append(f"part {i + 1}/{len(p.parts)}: {label}{lead}")
-        lines += ["  " + line for line in _plan_lines(part, construction=False,
+        lines += ["  " + line for line in plan_lines(part, construction=False,
                                                       candidates=None if lead else 1)]
     return "\n".join(lines)
 
 
-def _plan_lines(p: Plan, construction: bool = True,
+def plan_lines(p: Plan, construction: bool = True,
                 candidates: Optional[int] = None) -> List[str]:
     fa, best = p.analysis, p.tiles[0]
     lines = [f"main block: {fa.main} ({best.kind}, rule {p.rule.name}), dtype {fa.dtype}, "

@@ -58,14 +58,17 @@ def default_input_shape(mod_name: str, fn_name: str) -> Optional[Tuple[int, ...]
     return tuple(shapes[fn_name]) if fn_name in shapes else None
 
 
-def import_torch(model, example):
+def import_torch(model, example, dynamic_shapes=None):
     """torch.export + Relax's importer; weights become constants (inference deployment), so
-    transposes and folds of weights happen once, at compile time."""
+    transposes and folds of weights happen once, at compile time. ``dynamic_shapes``: what
+    ``torch.export.export`` takes for the one input (e.g. ``{1: Dim("seq", min=1, max=512)}``):
+    its bounds become the Relax function's shape-variable bounds."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
     with torch.no_grad():
-        ep = torch.export.export(model.eval(), (example,))
+        ep = torch.export.export(model.eval(), (example,), dynamic_shapes=None
+                                 if dynamic_shapes is None else (dynamic_shapes,))
     return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
 
 

@@ -25,7 +25,9 @@ from tvm import relax, s_tir, tirx
 from tvm_roller.api import (Lowered, Plan, default_schedule, lower, pass_context, plan,
                             resolve_target)
 from tvm_roller.backends.registry import backend_for, has_backend
+from tvm_roller.analysis import symbolic
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
+from tvm_roller.dynamic import lower_dynamic, plan_dynamic
 from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.hardware import DeviceModel
@@ -33,6 +35,7 @@ from tvm_roller.module_cache import ModuleCache
 from tvm_roller.relax_passes import fast_math as fm
 from tvm_roller.relax_passes.chains import chain_shape, group_gemm_chains, reduces_rows
 from tvm_roller.relax_passes.inference import inference_pass
+from tvm_roller.relax_passes.shape_bounds import bound_shapes_pass, shape_var_bounds
 from tvm_roller.relax_passes.workarounds import workarounds_pass
 from tvm_roller.schedule_cache import ScheduleCache, cached_schedule
 
@@ -59,6 +62,9 @@ class FuncReport:
     cached: bool = False            # the plan came from the schedule cache
     schedule_s: float = 0.0         # time spent planning + scheduling this function
     fusion: str = ""                # a matmul chain: "fused" / "unfused", and the model's reason
+    # a function with symbolic extents: one dict per bucket kernel (the values it takes, the
+    # values it was planned at, its tile; ``tvm_roller.dynamic``)
+    buckets: Optional[list] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,9 +121,10 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
-    return tvm.transform.Sequential([workarounds_pass(), inference_pass(),
+    return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
                                      conv_layout_pass(conv_layouts)] + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
+        bound_shapes_pass(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -170,11 +177,15 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
 
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
-                  cache=True, progress: Optional[bool] = None) -> tvm.transform.Pass:
+                  cache=True, progress: Optional[bool] = None,
+                  buckets: Optional[dict] = None) -> tvm.transform.Pass:
     """A module pass that schedules every unscheduled PrimFunc with roller (see module doc).
 
     ``cache``: True (the default persistent cache), False (none) or a ScheduleCache.
-    ``progress``: a tqdm bar over functions; None = only for modules with many functions."""
+    ``progress``: a tqdm bar over functions; None = only for modules with many functions.
+    A function with symbolic extents is planned per bucket of its shape variables
+    (:mod:`tvm_roller.dynamic`), within the bounds the module's Relax functions give them;
+    ``buckets`` (variable name -> bucket upper ends) replaces the default powers of two."""
     tgt, dev, _ = resolve_target(target, device)
     sched_cache = _resolve_cache(cache)
 
@@ -182,11 +193,12 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         todo = [(gv, f) for gv, f in mod.functions_items()
                 if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
+        dynamic = DynamicOptions(module_bounds(mod), buckets)
         entries: List[FuncReport] = []
         bar = _progress(todo, progress)
         for gv, func in bar:
             t0 = time.perf_counter()
-            new, entry = schedule_function(gv.name_hint, func, tgt, dev, sched_cache)
+            new, entry = schedule_function(gv.name_hint, func, tgt, dev, sched_cache, dynamic)
             if new is not None:
                 mod[gv] = new
             entry.schedule_s = time.perf_counter() - t0
@@ -203,7 +215,8 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                  cache=True, progress: Optional[bool] = None,
                  fast_math: bool = True, chains: Optional[list] = None,
                  fuse_chains: bool = True,
-                 conv_layouts: Optional[dict] = None) -> tvm.transform.Pass:
+                 conv_layouts: Optional[dict] = None,
+                 buckets: Optional[dict] = None) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``. When
@@ -213,9 +226,9 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
     ``chains`` (a list) gets one dict per matmul chain found: fused or kept apart, and why;
     ``fuse_chains=False`` turns the matmul-chain fusion off; ``conv_layouts``: the layouts
     convolutions are converted to (None: the backend's ``conv_layouts``; ``{}``: keep the
-    model's)."""
+    model's); ``buckets``: see :func:`schedule_pass`."""
     tgt, _, _ = resolve_target(target, device)
-    roller = schedule_pass(tgt, report, device, cache, progress)
+    roller = schedule_pass(tgt, report, device, cache, progress, buckets)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -223,7 +236,8 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         stages = backend.relax_stages()
         with tgt:
             seq = tvm.transform.Sequential(
-                [workarounds_pass()]  # before DispatchSortScan legalizes the scans
+                # before DispatchSortScan legalizes the scans (it needs their shapes)
+                [bound_shapes_pass(), workarounds_pass()]
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(fast_math, fuse_chains, device,
                                  chains, conv_layouts), roller]
@@ -238,17 +252,22 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
 def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
             device: Optional[DeviceModel] = None, cache=True, fast_math: bool = True,
             progress: Optional[bool] = None, chains: Optional[list] = None,
-            fuse_chains: bool = True, conv_layouts: Optional[dict] = None):
+            fuse_chains: bool = True, conv_layouts: Optional[dict] = None,
+            buckets: Optional[dict] = None):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.module_cache`) under a key
     made of the module's structural hash, the target, the device constants and roller's code, so
     compiling the same model again is a load. Returns something ``relax.VirtualMachine`` takes.
     On a cache hit ``report`` gets the entries stored with the library (``cached`` set).
-    ``chains`` gets the fusion decision for each matmul chain (not on a cache hit)."""
+    ``chains`` gets the fusion decision for each matmul chain (not on a cache hit).
+    ``buckets``: see :func:`schedule_pass` (a model with a dynamic dimension is compiled once
+    for every value of it; each function's report entry lists its bucket kernels)."""
     tgt, dev, _ = resolve_target(target, device)
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
                "conv_layouts": conv_layouts}
+    if buckets:
+        options["buckets"] = {str(k): sorted(int(e) for e in v) for k, v in buckets.items()}
     mcache = None if cache is False or cache is None else ModuleCache()
     if mcache is not None:
         hit = mcache.load(mod, tgt, dev, options)
@@ -262,7 +281,7 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,
     with pass_context(tgt):
         ex = tvm.compile(mod, target=tgt, relax_pipeline=get_pipeline(
             tgt, entries, device, cache, progress, fast_math, chains, fuse_chains,
-            conv_layouts))
+            conv_layouts, buckets))
     if report is not None:
         report.extend(entries)
     if mcache is not None:
@@ -282,13 +301,41 @@ def _resolve_cache(cache):
     return ScheduleCache() if cache is True else cache
 
 
-def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
+@dataclass(frozen=True)
+class DynamicOptions:
+    """How functions with symbolic extents are bucketed: the shape variables' bounds (name ->
+    (lower, upper)) and the user's bucket ends (name -> sizes; None: powers of two)."""
+
+    bounds: Optional[dict] = None
+    buckets: Optional[dict] = None
+
+
+def module_bounds(mod: tvm.IRModule) -> dict:
+    """Shape variable name -> (lower, upper) from every Relax function of ``mod``."""
+    out: dict = {}
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for name, (lo, hi) in shape_var_bounds(func).items():
+                old_lo, old_hi = out.get(name, (None, None))
+                out[name] = (lo if old_lo is None else min(lo, old_lo) if lo is not None
+                             else old_lo,
+                             hi if old_hi is None else max(hi, old_hi) if hi is not None
+                             else old_hi)
+    return out
+
+
+def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None,
+                      dynamic: Optional[DynamicOptions] = None
                       ) -> Tuple[Optional[tirx.PrimFunc], FuncReport]:
     """One PrimFunc of a model: (its roller-scheduled version, or None to leave it to TVM's
     default; the report entry). Never raises for a failure inside roller: a function roller
     declines (UnsupportedError) or fails on (any other error: a defect, reported with its type)
     is left to TVM's default, except one holding several operators, which is retried as those
-    operators one by one (each roller-scheduled, or left to TVM's default on its own)."""
+    operators one by one (each roller-scheduled, or left to TVM's default on its own). A
+    function with symbolic extents gets one kernel per bucket (``dynamic``)."""
+    dynamic = dynamic or DynamicOptions()
+    if symbolic.is_symbolic(func):
+        return _schedule_symbolic(name, func, tgt, dev, sched_cache, dynamic)
     try:
         p, lowered, cached = _schedule_one(func, tgt, dev, sched_cache)
         new = _checked(lowered.schedule.mod["main"], tgt)
@@ -307,7 +354,25 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
                            cached=cached, fusion=fusion)
 
 
-def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str):
+def _schedule_symbolic(name, func, tgt, dev, sched_cache, dynamic: DynamicOptions):
+    """A function with symbolic extents: its bucket kernels and their dispatch, or (declined,
+    failed) its operators one by one, or TVM's default, as for a static function."""
+    try:
+        dp = plan_dynamic(func, tgt, dev, bounds=dynamic.bounds, buckets=dynamic.buckets)
+        new = _checked(lower_dynamic(dp), tgt)
+    except UnsupportedError as err:
+        return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err), dynamic)
+    except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
+        reason = f"{type(err).__name__}: {_first_lines(err)}"
+        logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
+        return _as_operators(name, func, tgt, dev, sched_cache, "error", reason, dynamic)
+    top = dp.cases[-1].plan.tiles[0]
+    return new, FuncReport(name, "roller", dp.kind, top.to_dict(), top.predicted_s,
+                           buckets=dp.buckets())
+
+
+def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str,
+                  dynamic: Optional[DynamicOptions] = None):
     """The fallback for ``func``: its operators one by one when it has several (a chain group
     that cannot be fused or planned whole is un-grouped this way), else TVM's default."""
     whole = FuncReport(name, "fallback", reason=reason, fallback=fallback)
@@ -321,7 +386,7 @@ def _as_operators(name, func, tgt, dev, sched_cache, fallback: str, reason: str)
     scheduled = []
 
     def one(part: tirx.PrimFunc) -> s_tir.Schedule:
-        new, entry = schedule_function(f"{name}/part", part, tgt, dev, sched_cache)
+        new, entry = schedule_function(f"{name}/part", part, tgt, dev, sched_cache, dynamic)
         if new is None:
             parts.append((entry.fallback, entry.reason))
             return s_tir.Schedule(_default_schedule(part, tgt))

@@ -62,6 +62,11 @@ class FuncAnalysis:
     kind: str = "tiled"  # "tiled" (reuse-heavy), "reduction" (rows reduced), "elementwise"
     producers: List[str] = field(default_factory=list)  # blocks feeding the main block
     consumers: List[str] = field(default_factory=list)  # blocks after the main block
+    # axes whose extent is a bucket's value of a shape variable (``tvm_roller.dynamic``): the
+    # kernel is replayed on the symbolic function, and pads these axes to its task tile; and
+    # each one's extent at the bucket's smallest value (what the padding must not waste)
+    dynamic_axes: Tuple[int, ...] = ()
+    dynamic_low: Tuple[int, ...] = ()
 
     @property
     def spatial(self) -> List[int]:

@@ -1,6 +1,8 @@
 """Schedule helpers both backends' lowerings use: find a block's loops, split by tile factors."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import List, Optional
 
@@ -99,14 +101,38 @@ def extent(sch: s_tir.Schedule, loop) -> Optional[int]:
     return int(e.value) if isinstance(e, tirx.IntImm) else None
 
 
+# Set while a kernel is lowered to be replayed on a function with symbolic extents
+# (``tvm_roller.dynamic``): every split is then a plain one, whose outer factor TVM infers from
+# the loop's extent, so the trace replays on any extent (a sampled perfect tile records
+# numbers that hold for one extent only).
+_PLAIN_SPLITS: contextvars.ContextVar[bool] = contextvars.ContextVar("plain_splits",
+                                                                     default=False)
+
+
+@contextlib.contextmanager
+def plain_splits():
+    """Within it, :func:`perfect_split` records no sampled tile sizes (see above)."""
+    token = _PLAIN_SPLITS.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN_SPLITS.reset(token)
+
+
+def plain_splits_active() -> bool:
+    """Inside :func:`plain_splits`: a loop's static extent may be symbolic on replay."""
+    return _PLAIN_SPLITS.get()
+
+
 def perfect_split(sch: s_tir.Schedule, loop, extent: int, inner: List[int]) -> list:
     """Split ``loop`` into (extent / prod(inner), *inner). When the factors divide the extent they
-    are recorded as a sample_perfect_tile decision (mutable by MetaSchedule); otherwise it is a
-    plain split whose outer loop rounds up (a predicate guards the tail)."""
+    are recorded as a sample_perfect_tile decision (mutable by MetaSchedule); otherwise, or
+    within :func:`plain_splits`, it is a plain split whose outer loop rounds up (a predicate
+    guards the tail)."""
     if any(f < 1 for f in inner):
         raise UnsupportedError(f"invalid tile factors {inner} for a loop of extent {extent}")
     prod = math.prod(inner)
-    if extent % prod:
+    if extent % prod or _PLAIN_SPLITS.get():
         return sch.split(loop, [None, *inner])
     factors = [extent // prod, *inner]
     sampled = sch.sample_perfect_tile(loop, n=len(factors),

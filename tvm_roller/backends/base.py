@@ -208,6 +208,12 @@ class Backend(ABC):
         with target:
             return tvm.transform.Sequential(passes)(mod)
 
+    def scheduling_form(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """The function as this backend's rules schedule it (the analysis's ``func``): a
+        rewrite that keeps block names and loops, so a trace recorded on one specialisation
+        replays on another (``tvm_roller.dynamic``). Unchanged by default."""
+        return func
+
     # -- derived -------------------------------------------------------------------------------
     def analyze(self, func) -> FuncAnalysis:
         """``analysis.analyze`` with this backend's dtypes."""

@@ -92,6 +92,21 @@ def gpt2(size: str = "small", seq: int = 128):
     return _eval(_LastHidden(GPT2Model(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
 
 
+def llama(size: str = "small", seq: int = 128):
+    """A Llama-style decoder (RMSNorm, rotary embeddings, SiLU-gated MLP, causal mask):
+    "small" is hidden 768 in 2 layers (what the tests build), "full" 12 layers."""
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_attention_heads=12,
+                      num_key_value_heads=12, num_hidden_layers=12 if size == "full" else 2,
+                      vocab_size=32000 if size == "full" else 1000,
+                      max_position_embeddings=2048)
+    cfg._attn_implementation = "eager"
+    cfg.use_cache = False
+    return _eval(_LastHidden(LlamaModel(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
+
+
 def vit(size: str = "small"):
     from transformers import ViTConfig, ViTModel
 
@@ -144,6 +159,6 @@ def whisper_encoder(size: str = "small"):
 
 
 MODELS: Dict[str, Callable[..., Tuple[nn.Module, torch.Tensor]]] = {
-    "bert": bert, "gpt2": gpt2, "vit": vit, "resnet": resnet, "mobilenet_v2": mobilenet_v2,
+    "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet, "mobilenet_v2": mobilenet_v2,
     "whisper_encoder": whisper_encoder,
 }

@@ -8,6 +8,9 @@ neither roller's kernels nor TVM's default ones meet them.
 - A cumulative sum or product of bool values (GPT-2's position ids from its mask) makes TIR
   add ``bool`` values, which the LLVM backend refuses (``CreateAdd`` expects floats). It is
   computed in int32 and converted back to bool (non-zero: True), the result's type unchanged.
+- A ``strided_slice`` with a negative axis (HuggingFace's causal-mask positions, exported
+  with a dynamic sequence length) fails to legalize when the slice bounds are symbolic
+  (``axis < src_tensor_dim (-1 vs. 2)``): its axes are counted from the front instead.
 """
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ def _is_bool(expr) -> bool:
 
 
 @relax.expr_functor.mutator
-class _BoolAsInt(relax.expr_functor.PyExprMutator):
+class _Workarounds(relax.expr_functor.PyExprMutator):
     def visit_call_(self, call):  # noqa: N802 (TVM's visitor name)
         call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.strided_slice":
+            return _slice_axes_from_front(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name in _COMPARISONS and \
                 len(call.args) == 2 and all(_is_bool(a) for a in call.args):
             args = [relax.op.astype(a, "int8") for a in call.args]
@@ -40,12 +45,24 @@ class _BoolAsInt(relax.expr_functor.PyExprMutator):
         return call
 
 
+def _slice_axes_from_front(call):
+    ndim = getattr(call.args[0].ty, "ndim", -1)
+    axes = call.args[1]
+    if ndim is None or ndim < 0 or not isinstance(axes, relax.Tuple):
+        return call
+    values = [int(a.value) if isinstance(a, tvm.tirx.IntImm) else None for a in axes.fields]
+    if None in values or all(v >= 0 for v in values):
+        return call
+    fixed = relax.Tuple([tvm.tirx.IntImm("int64", v % ndim) for v in values])
+    return relax.Call(call.op, [call.args[0], fixed, *call.args[2:]], call.attrs)
+
+
 def workarounds_pass() -> tvm.transform.Pass:
     """Every Relax function of the module with the rewrites above."""
 
     @tvm.transform.module_pass(opt_level=0, name="RollerTVMWorkarounds")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _BoolAsInt()
+        mutator = _Workarounds()
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mod[gv] = mutator.visit_expr(func)

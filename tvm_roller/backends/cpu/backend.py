@@ -5,6 +5,7 @@ import dataclasses
 import types
 
 import tvm
+from tvm import tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import Backend
@@ -41,7 +42,10 @@ class CpuBackend(Backend):
         exp / erf / tanh / sigmoid calls as vector polynomials (``vector_math``): LLVM would
         call scalar libm per element. The analysis itself is of the function as given."""
         fa = super().analyze(func)
-        return dataclasses.replace(fa, func=rewrite_vector_math(fa.func))
+        return dataclasses.replace(fa, func=self.scheduling_form(fa.func))
+
+    def scheduling_form(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        return rewrite_vector_math(func)
 
     def fallback_passes(self, target: tvm.target.Target) -> list:
         """What roller declines stays unscheduled, with the same vector math."""

@@ -22,7 +22,8 @@ from tvm.ir.expr import TensorLoad
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
 from tvm_roller.analysis.schedule import (add_unit_loops, attempt, axis_loops, block_names, extent,
-                                          is_padding, is_reduction, perfect_split, realize_of)
+                                          is_padding, is_reduction, perfect_split,
+                                          plain_splits_active, realize_of)
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.rtile import RTile
 
@@ -65,9 +66,11 @@ def _vectorize_inner(sch: s_tir.Schedule, loop, lanes: int) -> None:
     ext = extent(sch, loop)
     if ext is None or ext <= 1:
         return
-    if ext <= lanes:
+    if ext <= lanes and not plain_splits_active():
         sch.vectorize(loop)
         return
+    # (a trace to replay on symbolic extents splits even a short loop: its extent may be a
+    # variable there, and a whole loop is vectorized only at a constant extent)
     _, inner = sch.split(loop, [None, lanes])
     sch.vectorize(inner)
 
@@ -230,11 +233,16 @@ def _write_shape(sch: s_tir.Schedule, name: str) -> List[int]:
 
 def _pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
     """Pad the main block's spatial axes up to multiples of the register tile (``pad_einsum``)
-    when the tile does not divide them, so that no split needs a predicate. Returns the
+    when the tile does not divide them, so that no split needs a predicate (a dynamic axis:
+    to a multiple of its task tile, or of its reduction chunk). Returns the
     (padded) extents, the output-cropping block's name (or None) and the input pad blocks.
     A block ``pad_einsum`` refuses keeps its extents (predicated splits)."""
     exts = [a.extent for a in fa.axes]
     factors = [r if a.kind == "S" and a.extent % r else 1 for a, r in zip(fa.axes, t.reg)]
+    for i in fa.dynamic_axes:
+        # replayed on a symbolic extent: padded to the outermost split's step, which then
+        # divides it and no split needs a predicate in the micro-kernel
+        factors[i] = t.l2[i] if fa.axes[i].kind == "S" else t.l1[i]
     if all(f == 1 for f in factors):
         return exts, None, []
     before = set(block_names(sch))

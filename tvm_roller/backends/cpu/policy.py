@@ -202,6 +202,25 @@ def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int,
     return tuple(cur)
 
 
+def _fit_dynamic(fa: FuncAnalysis, l1: Tile, l2: Tile, eps: float) -> Tuple[Tile, Tile]:
+    """A bucket's kernel pads each dynamic axis to its task tile (spatial) or chunk
+    (reduction) at run time: the largest such step (a multiple of the L1 tile; a divisor of
+    the chunk) that pads the bucket's smallest extent by at most ``eps``."""
+    l1, l2 = list(l1), list(l2)
+    for i, low in zip(fa.dynamic_axes, fa.dynamic_low):
+        if fa.axes[i].kind == "S":
+            m = max(1, l2[i] // l1[i])
+            while m > 1 and padding_waste(low, m * l1[i]) > eps:
+                m -= 1
+            l2[i] = m * l1[i]
+        else:
+            chunk = l1[i]
+            fits = [d for d in range(1, chunk + 1)
+                    if chunk % d == 0 and padding_waste(low, d) <= eps]
+            l1[i] = l2[i] = max(fits) if fits else 1
+    return tuple(l1), tuple(l2)
+
+
 def _padding_notes(fa: FuncAnalysis, padded: Sequence[int], eps: float) -> List[str]:
     out = []
     for a, p in zip(fa.axes, padded):
@@ -237,6 +256,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
                                line_elems, fixed_red=l1, padded=padded)
             for l2 in l2s:
                 l2 = _scale_out(fa, l1, l2, dev.num_units, padded)
+                l1, l2 = _fit_dynamic(fa, l1, l2, eps)
                 t = RTile(kind="tiled", axes=[a.name for a in fa.axes],
                           extents=[a.extent for a in fa.axes],
                           axis_kinds="".join(a.kind for a in fa.axes),

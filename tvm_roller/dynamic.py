@@ -1,0 +1,331 @@
+"""The planner for functions with symbolic extents: one kernel per bucket, dispatched at run time.
+
+A function whose shapes name shape variables (``(n, 768)``: a dynamic sequence length) is
+planned for a set of buckets of each variable: powers of two between its bounds (Relax's
+``tir_var_lower_bound`` / ``tir_var_upper_bound``, or ``DEFAULT_UPPER``), or the user's.
+Bucket ``(lo, hi]`` is planned at ``hi`` (the static function at that value, through the same
+plan path as any function), and its kernel is that plan's schedule *replayed on the symbolic
+function*: the trace is recorded with plain splits (``analysis.schedule.plain_splits``), whose
+outer factor TVM infers from the extent, and the axes that follow a variable are padded to
+their task tile (``FuncAnalysis.dynamic_axes``), so the micro-kernel has no predicate and the
+tail is safe. Neighbouring buckets whose plans are the same tile share one kernel. The kernels
+are stitched into one function that picks its kernel from the variables' values
+(``analysis.symbolic.dispatch``); the last bucket's kernel also takes any larger value.
+
+What a backend cannot plan or replay (a decomposed function, an unfused chain, a schedule step
+that needs a static extent) is an UnsupportedError with the reason: the caller falls back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import warnings
+
+import tvm
+from tvm import s_tir, tirx
+
+from tvm_roller import api
+from tvm_roller.analysis import symbolic
+from tvm_roller.analysis.schedule import plain_splits
+from tvm_roller.api import Plan, _prepare, lower, plan_prepared, resolve_target
+from tvm_roller.core.errors import FallbackWarning, UnsupportedError
+from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware import DeviceModel, normalize_target
+
+logger = logging.getLogger("tvm_roller")
+
+#: the upper bound assumed for a shape variable nobody bounded (buckets stop there; the last
+#: bucket's kernel takes any larger value too)
+DEFAULT_UPPER = 4096
+#: at most this many buckets (kernels before merging) per function
+MAX_BUCKETS = 16
+
+Bounds = Mapping[str, Tuple[Optional[int], Optional[int]]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bucket: the values it takes (``lo < v <= hi`` per variable; the last bucket of a
+    variable has no upper end), the values it was planned at, and its plan."""
+
+    ranges: Tuple[Tuple[str, int, Optional[int]], ...]  # (variable, lo exclusive, hi or None)
+    planned_at: Tuple[Tuple[str, int], ...]
+    plan: Plan
+
+    def label(self) -> str:
+        parts = []
+        for name, lo, hi in self.ranges:
+            first = lo + 1
+            parts.append(f"{name} >= {first}" if hi is None else
+                         f"{name} = {first}" if hi == first else f"{name} in {first}..{hi}")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        tile = self.plan.tiles[0]
+        return {"values": self.label(), "planned_at": dict(self.planned_at),
+                "kind": tile.kind, "reg": list(tile.reg), "l2": list(tile.l2),
+                "predicted_s": self.plan.predicted_s}
+
+
+@dataclass(frozen=True)
+class DynamicPlan:
+    """What roller constructed for a function with symbolic extents. Immutable."""
+
+    func: tirx.PrimFunc  # the symbolic function, as given
+    variables: Tuple[str, ...]
+    bounds: Tuple[Tuple[str, int, int], ...]  # (variable, lower, upper) the buckets span
+    cases: Tuple[Case, ...]
+    target: tvm.target.Target
+    device: DeviceModel
+    notes: Tuple[str, ...] = ()
+    construct_s: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return self.cases[-1].plan.tiles[0].kind
+
+    def buckets(self) -> List[dict]:
+        return [c.to_dict() for c in self.cases]
+
+
+def default_buckets(lower: int, upper: int) -> List[int]:
+    """Bucket upper ends for a variable in ``[lower, upper]``: the powers of two from the first
+    at or above ``lower`` (the small sizes, where a GEMV-like tile wins, each get their own),
+    and ``upper``."""
+    lower, upper = max(1, lower), max(1, lower, upper)
+    ends, p = [], 1
+    while p < upper:
+        if p >= lower:
+            ends.append(p)
+        p *= 2
+    ends.append(upper)
+    return ends
+
+
+def _thin(ends: List[int]) -> List[int]:
+    """Every other bucket end dropped, the first and last kept."""
+    if len(ends) <= 2:
+        return ends[-1:]
+    return sorted(set(ends[:1] + ends[2:-1:2] + ends[-1:]))
+
+
+def bucket_grid(variables: Sequence[str], bounds: Mapping[str, Tuple[int, int]],
+                buckets: Optional[Mapping[str, Sequence[int]]] = None,
+                limit: int = MAX_BUCKETS) -> Dict[str, List[int]]:
+    """Bucket ends per variable (the user's where given), thinned until their product is at
+    most ``limit``."""
+    grid = {}
+    for name in variables:
+        lo, hi = bounds[name]
+        given = (buckets or {}).get(name)
+        ends = sorted({int(e) for e in given if lo <= int(e)}) if given else \
+            default_buckets(lo, hi)
+        if not ends or any(e < 1 for e in ends):
+            raise ValueError(f"buckets for {name} must be positive sizes >= its lower bound {lo}")
+        grid[name] = ends
+    while math.prod(len(e) for e in grid.values()) > limit:
+        longest = max(grid, key=lambda n: len(grid[n]))
+        grid[longest] = _thin(grid[longest])
+    return grid
+
+
+def _bounds_of(variables: Sequence[str], bounds: Optional[Bounds]) -> Tuple[Dict[str, Tuple[int, int]], List[str]]:
+    out, notes = {}, []
+    for name in variables:
+        lo, hi = (bounds or {}).get(name, (None, None))
+        lo = 1 if lo is None else max(1, int(lo))
+        if hi is None:
+            hi = max(lo, DEFAULT_UPPER)
+            notes.append(f"{name} has no upper bound: buckets up to {hi}, the last bucket's "
+                         "kernel takes any larger value")
+        out[name] = (lo, max(lo, int(hi)))
+    return out, notes
+
+
+def plan_dynamic(func, target: TargetLike, device: Optional[DeviceModel] = None,
+                 bounds: Optional[Bounds] = None,
+                 buckets: Optional[Mapping[str, Sequence[int]]] = None) -> DynamicPlan:
+    """Plan a function with symbolic extents: one plan per bucket (see the module doc).
+    ``bounds``: variable -> (lower, upper), either None; ``buckets``: variable -> bucket upper
+    ends, instead of the powers of two. UnsupportedError when a bucket cannot be planned."""
+    t0 = time.perf_counter()
+    func = symbolic.unwrap_func(func)
+    variables = tuple(symbolic.shape_vars(func))
+    if not variables:
+        raise ValueError("the function has static shapes: plan it with tvm_roller.plan")
+    tgt, dev, tnotes = resolve_target(target, device)
+    spans, notes = _bounds_of(variables, bounds)
+    grid = bucket_grid(variables, spans, buckets)
+    cases: List[Case] = []
+    for ends in itertools.product(*(grid[n] for n in variables)):
+        ranges = []
+        for name, end in zip(variables, ends):
+            i = grid[name].index(end)
+            lo = grid[name][i - 1] if i else spans[name][0] - 1
+            last = i == len(grid[name]) - 1
+            ranges.append((name, lo, None if last else end))
+        at = dict(zip(variables, ends))
+        plan = _plan_bucket(func, ranges, at, tgt, dev, tuple(tnotes))
+        cases.append(Case(tuple(ranges), tuple(at.items()), plan))
+    cases = _merge_same(cases)
+    return DynamicPlan(func, variables, tuple((n, *spans[n]) for n in variables),
+                       tuple(cases), tgt, dev, tuple(notes), time.perf_counter() - t0)
+
+
+def _plan_bucket(func: tirx.PrimFunc, ranges, at: Dict[str, int], tgt, dev, notes) -> Plan:
+    """The plan at ``at``, its analysis told which axes follow a variable and their extents at
+    the bucket's smallest values."""
+    prep = _prepare(symbolic.specialize(func, at), tgt, dev, notes, time.perf_counter(),
+                    decompose=False)
+    low = {name: lo + 1 for name, lo, _ in ranges}
+    probe = low if low != at else {n: v + 1 for n, v in at.items()}
+    fa_probe = _prepare(symbolic.specialize(func, probe), tgt, dev, notes,
+                        time.perf_counter(), decompose=False).analysis
+    axes = tuple(symbolic.dynamic_axes(prep.analysis.axes, fa_probe.axes))
+    lows = tuple(fa_probe.axes[i].extent if probe is low else prep.analysis.axes[i].extent
+                 for i in axes)
+    fa = dataclasses.replace(prep.analysis, dynamic_axes=axes, dynamic_low=lows)
+    return plan_prepared(dataclasses.replace(prep, analysis=fa))
+
+
+def _merge_same(cases: List[Case]) -> List[Case]:
+    """Consecutive buckets (along the last variable, the others equal) with the same tile: one
+    case spanning both (the later bucket's plan: its kernel takes the larger values)."""
+    out: List[Case] = []
+    for case in cases:
+        prev = out[-1] if out else None
+        if prev is not None and prev.ranges[:-1] == case.ranges[:-1] and \
+                prev.plan.tiles[0].key() == case.plan.tiles[0].key() and \
+                prev.plan.rule.name == case.plan.rule.name:
+            name, lo, _ = prev.ranges[-1]
+            merged = prev.ranges[:-1] + ((name, lo, case.ranges[-1][2]),)
+            out[-1] = Case(merged, case.planned_at, case.plan)
+        else:
+            out.append(case)
+    return out
+
+
+def lower_dynamic(dp: DynamicPlan) -> tirx.PrimFunc:
+    """The dispatching function: each case's kernel replayed on the symbolic function."""
+    backend = dp.cases[0].plan.backend
+    form = backend.scheduling_form(dp.func)
+    kernels = []
+    for case in dp.cases:
+        trace = _bucket_trace(dp.func, case, dp.target, dp.device)
+        sch = s_tir.Schedule(form)
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=False)
+        except (RuntimeError, ValueError, TypeError) as err:
+            raise UnsupportedError(f"the kernel for {case.label()} does not replay on the "
+                                   f"symbolic extents: {type(err).__name__}: "
+                                   f"{_first_line(err)}") from err
+        kernels.append(sch.mod["main"])
+    conditions = [_condition(case, symbolic.shape_vars(dp.func)) for case in dp.cases]
+    return symbolic.dispatch(dp.func, list(zip(conditions, kernels)))
+
+
+def _bucket_trace(func: tirx.PrimFunc, case: Case, tgt, dev) -> s_tir.Trace:
+    """The case's schedule, recorded with plain splits on the function at a value where every
+    padded axis really pads (the planned value less one, when the task tile divides it): the
+    trace then holds the padding's own schedule (``pad_einsum`` where nothing pads records
+    nothing of it)."""
+    plan = case.plan
+    at = dict(case.planned_at)
+    fa = plan.analysis
+    tile = plan.tiles[0]
+    if fa.dynamic_axes and any(fa.axes[i].extent % _pad_step(tile, fa, i) == 0 and
+                               _pad_step(tile, fa, i) > 1 for i in fa.dynamic_axes):
+        at = {n: max(1, v - 1) for n, v in at.items()}  # (may lie below the bucket)
+        prep = _prepare(symbolic.specialize(func, at), tgt, dev, (), time.perf_counter(),
+                        decompose=False)
+        plan = dataclasses.replace(plan, analysis=dataclasses.replace(
+            prep.analysis, dynamic_axes=fa.dynamic_axes, dynamic_low=fa.dynamic_low))
+    with plain_splits():
+        lowered = lower(plan, tile, traceable=True)
+    trace = lowered.schedule.trace
+    if trace is None:
+        raise UnsupportedError(f"the kernel for {case.label()} has no trace to replay")
+    return trace
+
+
+def _pad_step(tile, fa, i: int) -> int:
+    return tile.l2[i] if fa.axes[i].kind == "S" else tile.l1[i]
+
+
+def _condition(case: Case, variables: Dict[str, tirx.Var]) -> Optional[tirx.PrimExpr]:
+    """``v <= hi`` for each bounded variable of the case (None: no test, the last one)."""
+    terms = [variables[name] <= tirx.IntImm(str(variables[name].ty.dtype), hi)
+             for name, _, hi in case.ranges if hi is not None]
+    if not terms:
+        return None
+    cond = terms[0]
+    for t in terms[1:]:
+        cond = tirx.And(cond, t)
+    return cond
+
+
+def _first_line(err: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(err).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def describe(dp: DynamicPlan) -> List[str]:
+    """Lines for ``explain``: the variables, their buckets and each bucket's tile."""
+    lines = ["shape variables: " + ", ".join(f"{n} in {lo}..{hi}" for n, lo, hi in dp.bounds)]
+    lines += [f"  note: {n}" for n in dp.notes]
+    lines.append(f"{len(dp.cases)} kernel(s), dispatched on the values at run time; "
+                 f"construction {dp.construct_s * 1e3:.1f} ms")
+    for case in dp.cases:
+        t = case.plan.tiles[0]
+        padded = [case.plan.analysis.axes[i].name for i in case.plan.analysis.dynamic_axes]
+        lines.append(f"  {case.label()}: planned at {dict(case.planned_at)}, {t.kind} "
+                     f"reg {t.reg} task {t.l2}, {t.num_tasks} tasks, predicted "
+                     f"{t.predicted_s * 1e6:.1f} us at that size"
+                     + (f"; padded to the task tile: {', '.join(padded)}" if padded else ""))
+    return lines
+
+
+def build(func, target: TargetLike, fallback: bool = False,
+          device: Optional[DeviceModel] = None, bounds: Optional[Bounds] = None,
+          buckets: Optional[Mapping[str, Sequence[int]]] = None):
+    """:func:`tvm_roller.api.build` for any function: one with symbolic extents is planned
+    per bucket (``bounds``, ``buckets``: see :func:`plan_dynamic`) and compiled once for every
+    value; with ``fallback=True`` one roller declines is built with TVM's default lowering
+    and a :class:`FallbackWarning` gives the reason."""
+    func = symbolic.unwrap_func(func) if isinstance(func, (tvm.IRModule, tirx.PrimFunc)) \
+        else func
+    if not isinstance(func, tirx.PrimFunc) or not symbolic.is_symbolic(func):
+        return api.build(func, target, fallback, device)
+    try:
+        dp = plan_dynamic(func, target, device, bounds, buckets)
+        kernel = lower_dynamic(dp).with_attr("tirx.is_scheduled", True)
+        with api.pass_context(dp.target):
+            return tvm.compile(tvm.IRModule({"main": kernel}), target=dp.target)
+    except UnsupportedError as err:
+        if not fallback:
+            raise
+        tgt = normalize_target(target)
+        warnings.warn(f"roller declined ({err}); building with TVM's default schedule",
+                      FallbackWarning, stacklevel=2)
+        return tvm.compile(api.default_schedule(tvm.IRModule({"main": func}), tgt), target=tgt)
+
+
+def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk: int = 3,
+            bounds: Optional[Bounds] = None,
+            buckets: Optional[Mapping[str, Sequence[int]]] = None) -> str:
+    """:func:`tvm_roller.api.explain` for any function: one with symbolic extents shows its
+    buckets, each bucket's plan, and the largest bucket's plan in full."""
+    func = symbolic.unwrap_func(func)
+    if not symbolic.is_symbolic(func):
+        return api.explain(func, target, device, topk)
+    dp = plan_dynamic(func, target, device, bounds, buckets)
+    top = dp.cases[-1]
+    return "\n".join([f"target: {dp.target}"] + describe(dp) +
+                     [f"largest bucket ({top.label()}), at {dict(top.planned_at)}:"] +
+                     ["  " + line for line in api.plan_lines(top.plan)])
