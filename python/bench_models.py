@@ -47,7 +47,7 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
-    from tvm_roller.examples.measure import run_isolated
+    from tvm_roller.examples.measure import run_isolated, write_json
 
     # each model in a fresh process with a fresh cache (see run_isolated)
     rows = []
@@ -78,9 +78,7 @@ def main() -> int:
               f"| {'-' if tvm_ms is None else f'{tvm_ms / roller_ms:.0f}x'} "
               f"| {n_r} / {len(c['report']) - n_r} |")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(args.json, rows)
     return 0
 
 

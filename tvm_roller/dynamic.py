@@ -8,7 +8,10 @@ plan path as any function), and its kernel is that plan's schedule *replayed on 
 function*: the trace is recorded with plain splits (``analysis.schedule.plain_splits``), whose
 outer factor TVM infers from the extent, and the axes that follow a variable are padded to
 their task tile (``FuncAnalysis.dynamic_axes``), so the micro-kernel has no predicate and the
-tail is safe. Neighbouring buckets whose plans are the same tile share one kernel. The kernels
+tail is safe. The backend's policy sizes that task tile with the padding's extra work over the
+whole bucket counted (``RTile.bucket_waste``); a bucket that still pads more than
+``REFINE_WASTE`` is split in two (one variable, up to ``MAX_BUCKETS``). Neighbouring buckets
+whose schedules are the same trace share one kernel. The kernels
 are stitched into one function that picks its kernel from the variables' values
 (``analysis.symbolic.dispatch``); the last bucket's kernel also takes any larger value.
 
@@ -32,8 +35,9 @@ from tvm import s_tir, tirx
 
 from tvm_roller import api
 from tvm_roller.analysis import symbolic
-from tvm_roller.analysis.schedule import plain_splits
+from tvm_roller.analysis.schedule import block_names, plain_splits
 from tvm_roller.api import Plan, _prepare, lower, plan_prepared, resolve_target
+from tvm_roller.backends.registry import backend_for
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware import DeviceModel, normalize_target
@@ -45,6 +49,9 @@ logger = logging.getLogger("tvm_roller")
 DEFAULT_UPPER = 4096
 #: at most this many buckets (kernels before merging) per function
 MAX_BUCKETS = 16
+#: a bucket whose kernel's run-time padding costs more than this fraction of extra work
+#: somewhere in it is split in two (while the function has fewer than MAX_BUCKETS)
+REFINE_WASTE = 0.25
 
 Bounds = Mapping[str, Tuple[Optional[int], Optional[int]]]
 
@@ -57,6 +64,7 @@ class Case:
     ranges: Tuple[Tuple[str, int, Optional[int]], ...]  # (variable, lo exclusive, hi or None)
     planned_at: Tuple[Tuple[str, int], ...]
     plan: Plan
+    trace: Optional[s_tir.Trace] = None  # the schedule to replay on the symbolic function
 
     def label(self) -> str:
         parts = []
@@ -120,6 +128,12 @@ def bucket_grid(variables: Sequence[str], bounds: Mapping[str, Tuple[int, int]],
                 limit: int = MAX_BUCKETS) -> Dict[str, List[int]]:
     """Bucket ends per variable (the user's where given), thinned until their product is at
     most ``limit``."""
+    unknown = sorted(set(buckets or {}) - set(variables))
+    if unknown:
+        warnings.warn(f"buckets given for {', '.join(unknown)}, which is not a shape variable "
+                      f"of the function ({', '.join(variables)}): torch.export names them "
+                      "(s0, s27, ...); the Relax function's tir_var_upper_bound shows the names",
+                      UserWarning, stacklevel=3)
     grid = {}
     for name in variables:
         lo, hi = bounds[name]
@@ -160,6 +174,10 @@ def plan_dynamic(func, target: TargetLike, device: Optional[DeviceModel] = None,
     if not variables:
         raise ValueError("the function has static shapes: plan it with tvm_roller.plan")
     tgt, dev, tnotes = resolve_target(target, device)
+    backend = backend_for(tgt)
+    if backend.no_dynamic_kernels:
+        raise UnsupportedError(f"symbolic shape: the {backend.name} backend builds no bucket "
+                               f"kernels yet ({backend.no_dynamic_kernels})")
     spans, notes = _bounds_of(variables, bounds)
     grid = bucket_grid(variables, spans, buckets)
     cases: List[Case] = []
@@ -171,11 +189,42 @@ def plan_dynamic(func, target: TargetLike, device: Optional[DeviceModel] = None,
             last = i == len(grid[name]) - 1
             ranges.append((name, lo, None if last else end))
         at = dict(zip(variables, ends))
-        plan = _plan_bucket(func, ranges, at, tgt, dev, tuple(tnotes))
-        cases.append(Case(tuple(ranges), tuple(at.items()), plan))
+        cases.append(_case(func, tuple(ranges), at, tgt, dev, tuple(tnotes)))
+    if len(variables) == 1:
+        cases = _refine(func, cases, spans[variables[0]][1], tgt, dev, tuple(tnotes))
     cases = _merge_same(cases)
     return DynamicPlan(func, variables, tuple((n, *spans[n]) for n in variables),
                        tuple(cases), tgt, dev, tuple(notes), time.perf_counter() - t0)
+
+
+def _case(func, ranges, at: Dict[str, int], tgt, dev, notes) -> Case:
+    case = Case(tuple(ranges), tuple(at.items()), _plan_bucket(func, ranges, at, tgt, dev, notes))
+    return dataclasses.replace(case, trace=_bucket_trace(func, case, tgt, dev))
+
+
+def _refine(func, cases: List[Case], upper: int, tgt, dev, notes) -> List[Case]:
+    """Split the bucket whose kernel pads the most (its tile's ``bucket_waste``) in two, each
+    half planned again, while any pads more than ``REFINE_WASTE`` and the function has
+    fewer than ``MAX_BUCKETS`` (one shape variable: a bucket is a range of its values)."""
+    cases = list(cases)
+    while len(cases) < MAX_BUCKETS:
+        def top(c: Case) -> int:
+            return c.ranges[0][2] if c.ranges[0][2] is not None else dict(c.planned_at)[
+                c.ranges[0][0]]
+        splittable = [i for i, c in enumerate(cases) if top(c) - c.ranges[0][1] >= 2]
+        if not splittable:
+            break
+        # the most extra time first: a small function's padding matters less
+        i = max(splittable, key=lambda j: cases[j].plan.tiles[0].bucket_waste *
+                cases[j].plan.predicted_s)
+        case = cases[i]
+        if case.plan.tiles[0].bucket_waste <= REFINE_WASTE:
+            break
+        name, lo, hi = case.ranges[0]
+        mid = (lo + top(case)) // 2
+        cases[i:i + 1] = [_case(func, ((name, lo, mid),), {name: mid}, tgt, dev, notes),
+                          _case(func, ((name, mid, hi),), {name: top(case)}, tgt, dev, notes)]
+    return cases
 
 
 def _plan_bucket(func: tirx.PrimFunc, ranges, at: Dict[str, int], tgt, dev, notes) -> Plan:
@@ -195,17 +244,17 @@ def _plan_bucket(func: tirx.PrimFunc, ranges, at: Dict[str, int], tgt, dev, note
 
 
 def _merge_same(cases: List[Case]) -> List[Case]:
-    """Consecutive buckets (along the last variable, the others equal) with the same tile: one
-    case spanning both (the later bucket's plan: its kernel takes the larger values)."""
+    """Consecutive buckets (along the last variable, the others equal) whose schedules are
+    the same trace (the same kernel once replayed: a streaming function's tile names its
+    extents, its trace does not): one case spanning both, the later one's plan."""
     out: List[Case] = []
     for case in cases:
         prev = out[-1] if out else None
         if prev is not None and prev.ranges[:-1] == case.ranges[:-1] and \
-                prev.plan.tiles[0].key() == case.plan.tiles[0].key() and \
-                prev.plan.rule.name == case.plan.rule.name:
+                str(prev.trace) == str(case.trace):
             name, lo, _ = prev.ranges[-1]
             merged = prev.ranges[:-1] + ((name, lo, case.ranges[-1][2]),)
-            out[-1] = Case(merged, case.planned_at, case.plan)
+            out[-1] = dataclasses.replace(case, ranges=merged)
         else:
             out.append(case)
     return out
@@ -217,45 +266,74 @@ def lower_dynamic(dp: DynamicPlan) -> tirx.PrimFunc:
     form = backend.scheduling_form(dp.func)
     kernels = []
     for case in dp.cases:
-        trace = _bucket_trace(dp.func, case, dp.target, dp.device)
         sch = s_tir.Schedule(form)
         try:
-            trace.apply_to_schedule(sch, remove_postproc=False)
+            case.trace.apply_to_schedule(sch, remove_postproc=False)
         except (RuntimeError, ValueError, TypeError) as err:
             raise UnsupportedError(f"the kernel for {case.label()} does not replay on the "
                                    f"symbolic extents: {type(err).__name__}: "
                                    f"{_first_line(err)}") from err
+        _partition_tails(sch)
         kernels.append(sch.mod["main"])
     conditions = [_condition(case, symbolic.shape_vars(dp.func)) for case in dp.cases]
     return symbolic.dispatch(dp.func, list(zip(conditions, kernels)))
 
 
+def _partition_tails(sch: s_tir.Schedule) -> None:
+    """A vectorized loop under a loop of symbolic extent (a split of a dynamic axis, its tail
+    predicated): the outer loop gets TVM's loop-partition hint, so the full vectors run in a
+    loop of their own without the predicate (a predicated vector loop is scalarized;
+    measured 2.4x on attention's scale-mask-softmax at 512 keys)."""
+    done = set()
+    for name in block_names(sch):
+        loops = sch.get_loops(sch.get_sblock(name))
+        for outer, inner in zip(loops, loops[1:]):
+            node = sch.get(outer)
+            if int(sch.get(inner).kind) == 2 and not isinstance(node.extent, tirx.IntImm) \
+                    and node.loop_var.id_ not in done:
+                sch.annotate(outer, "pragma_loop_partition_hint", 1)
+                done.add(node.loop_var.id_)
+
+
 def _bucket_trace(func: tirx.PrimFunc, case: Case, tgt, dev) -> s_tir.Trace:
-    """The case's schedule, recorded with plain splits on the function at a value where every
-    padded axis really pads (the planned value less one, when the task tile divides it): the
-    trace then holds the padding's own schedule (``pad_einsum`` where nothing pads records
-    nothing of it)."""
+    """The case's schedule, recorded with plain splits on the function at a representative of
+    each planned value (:func:`representative`): no extent that follows a variable is then a
+    multiple of a vector width or a task tile there, so the lowering takes no step that holds
+    only for some values (a reduction's lanes vectorized through rfactor would read past a
+    symbolic end: wrong sums, measured) and a padded axis really pads (``pad_einsum`` where
+    nothing pads records nothing of the padding's own schedule)."""
     plan = case.plan
-    at = dict(case.planned_at)
-    fa = plan.analysis
-    tile = plan.tiles[0]
-    if fa.dynamic_axes and any(fa.axes[i].extent % _pad_step(tile, fa, i) == 0 and
-                               _pad_step(tile, fa, i) > 1 for i in fa.dynamic_axes):
-        at = {n: max(1, v - 1) for n, v in at.items()}  # (may lie below the bucket)
-        prep = _prepare(symbolic.specialize(func, at), tgt, dev, (), time.perf_counter(),
-                        decompose=False)
+    fa, tile = plan.analysis, plan.tiles[0]
+    at = {n: representative(v) for n, v in case.planned_at}
+    while True:
+        rep = fa if at == dict(case.planned_at) else _prepare(
+            symbolic.specialize(func, at), tgt, dev, (), time.perf_counter(),
+            decompose=False).analysis
+        steps = [(rep.axes[i].extent, tile.l2[i] if rep.axes[i].kind == "S" else tile.l1[i])
+                 for i in fa.dynamic_axes]
+        if tile.kind != "tiled" or all(s == 1 or e % s for e, s in steps) or \
+                all(v == 1 for v in at.values()):
+            break
+        at = {n: max(1, v - 1) for n, v in at.items()}  # a padded axis must pad (n = 2)
+    if rep is not fa:
         plan = dataclasses.replace(plan, analysis=dataclasses.replace(
-            prep.analysis, dynamic_axes=fa.dynamic_axes, dynamic_low=fa.dynamic_low))
+            rep, dynamic_axes=fa.dynamic_axes, dynamic_low=fa.dynamic_low))
     with plain_splits():
-        lowered = lower(plan, tile, traceable=True)
+        lowered = lower(plan, plan.tiles[0], traceable=True)
     trace = lowered.schedule.trace
     if trace is None:
         raise UnsupportedError(f"the kernel for {case.label()} has no trace to replay")
     return trace
 
 
-def _pad_step(tile, fa, i: int) -> int:
-    return tile.l2[i] if fa.axes[i].kind == "S" else tile.l1[i]
+def representative(value: int) -> int:
+    """The largest prime at most ``value`` that is not one less than a multiple of 8 (an axis
+    of ``n + 1`` would divide a vector width): ``value`` itself up to 2, where nothing
+    splits."""
+    for p in range(value, 2, -1):
+        if (p + 1) % 8 and p % 8 and all(p % d for d in range(2, int(p ** 0.5) + 1)):
+            return p
+    return value
 
 
 def _condition(case: Case, variables: Dict[str, tirx.Var]) -> Optional[tirx.PrimExpr]:

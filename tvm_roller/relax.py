@@ -4,10 +4,13 @@
 
 The pipeline is TVM's default one for the target (library dispatch, legalization, fusion, dataflow
 lowering, finalization) with passes added before legalization (rewrites around TVM defects,
-inference simplifications, convolution layouts: :mod:`relax_passes.workarounds`,
-:mod:`relax_passes.inference`, :attr:`Backend.conv_layouts`) and one after fusion: roller plans,
-schedules and builds each fused PrimFunc alone. A function roller declines (a symbolic shape, ...) or fails on (a defect: reported as an
-error) keeps TVM's default treatment, so one function never fails the model's compile. On a
+inference simplifications, shapes simplified under the shape variables' bounds, convolution
+layouts: :mod:`relax_passes.workarounds`, :mod:`relax_passes.inference`,
+:mod:`relax_passes.shape_bounds`, :attr:`Backend.conv_layouts`) and one after fusion: roller
+plans, schedules and builds each fused PrimFunc alone (one with symbolic extents: a kernel per
+bucket of its shape variables, :mod:`tvm_roller.dynamic`). A function roller declines (a gather
+inside a reduction, ...) or fails on (a defect: reported as an error) keeps TVM's default
+treatment, so one function never fails the model's compile. On a
 CUDA target TVM's default treatment is its dlight rules (an unscheduled kernel cannot run on a
 GPU), which then see only what roller left.
 """

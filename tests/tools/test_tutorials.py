@@ -32,6 +32,11 @@ NOTEBOOKS = {
                                    "tvm_roller.build chose: fused",
                                    "seq 512: chain 512x64 . 64x512 . 512x64, batch [12]: fused",
                                    "0 B spilled, problems: none"],
+    "07_dynamic_shapes.ipynb": ["kernel(s), dispatched on the values at run time",
+                                "planned at {'n': 512}", "built once in",
+                                "max relative error vs float64 numpy", "'tir_var_upper_bound': {",
+                                "seq 100: output (1, 100, 768), max relative error vs PyTorch",
+                                "PrimFuncs scheduled by roller with buckets"],
 }
 
 

@@ -81,6 +81,8 @@ def specialize(func, values: Mapping[str, int]) -> tirx.PrimFunc:
     out = func.specialize(mapping)
     for p in out.params:
         for i, dim in enumerate(getattr(p, "shape", None) or ()):
+            # (TVM's specialize leaves a constant expression unfolded: the schedule helpers
+            # read shapes as numbers)
             if not isinstance(dim, tirx.IntImm) or int(dim.value) <= 0:
                 raise UnsupportedError(f"dimension {i} of {p.name} is {dim} at {dict(values)}")
     return out

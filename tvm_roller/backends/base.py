@@ -163,6 +163,9 @@ class Backend(ABC):
     #: these rules and stitched back (``analysis.parts``: a transposed convolution as one
     #: sub-convolution per output parity class)
     decomposes: bool = True
+    #: why this backend builds no bucket kernels for functions with symbolic extents
+    #: (``tvm_roller.dynamic``), or "" when it does
+    no_dynamic_kernels: str = ""
 
     def __init__(self, rules: Sequence[OpRule], chain_rule: Optional[ChainRule] = None) -> None:
         self._rules = tuple(rules)

@@ -44,6 +44,9 @@ class RTile:
     stages: int = 1  # shared-memory pipeline depth (2: double buffering)
     tensor_core: str = ""  # "" or the fragment shape used, e.g. "wmma_16x16x16_f16f32"
     smem_bytes: int = 0  # shared memory per block, all stages
+    # a bucket of a function with symbolic extents (``tvm_roller.dynamic``): the largest
+    # fraction of extra work padding the dynamic axes at run time costs in the bucket
+    bucket_waste: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +69,17 @@ def ceil_div(a: int, b: int) -> int:
 def padding_waste(extent: int, tile: int) -> float:
     """Fraction of extra work if ``extent`` is padded up to a multiple of ``tile``."""
     return (ceil_div(extent, tile) * tile - extent) / extent
+
+
+def worst_padding_waste(low: int, high: int, tile: int) -> float:
+    """The largest :func:`padding_waste` of any extent in ``[low, high]`` padded to ``tile``:
+    at ``low``, or at the first extent past a multiple of the tile (one element into a new
+    tile wastes the most, and less the longer the extent)."""
+    worst = padding_waste(low, tile)
+    first = low + (1 - low) % tile  # the smallest extent >= low that is 1 mod tile
+    if tile > 1 and first <= high:
+        worst = max(worst, padding_waste(first, tile))
+    return worst
 
 
 def aligned_steps(extent: int, base: int, limit: Optional[int] = None, eps: float = 0.25,

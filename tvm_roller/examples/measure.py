@@ -70,3 +70,10 @@ def kernel_times(vm, arg, calls: int) -> Dict[str, float]:
 def slowest(times: Dict[str, float], top: int) -> List[tuple]:
     """(name, seconds) of the ``top`` slowest, slowest first."""
     return sorted(times.items(), key=lambda kv: -kv[1])[:top]
+
+
+def write_json(path: str, rows) -> None:
+    """``rows`` as indented JSON at ``path`` (its folder created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(rows, fh, indent=1)

@@ -133,6 +133,7 @@ def inference_pass() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="RollerInferenceRewrites")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = mod.clone()  # (assigning a function changes the module in place: the caller's)
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function) or \
                     (func.attrs is not None and func.attrs.get("Primitive")):

@@ -109,6 +109,7 @@ def bound_shapes_pass() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="RollerBoundShapes")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = mod.clone()  # (assigning a function changes the module in place: the caller's)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 ana = _analyzer(func)

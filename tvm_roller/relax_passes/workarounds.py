@@ -63,6 +63,7 @@ def workarounds_pass() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="RollerTVMWorkarounds")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mutator = _Workarounds()
+        mod = mod.clone()  # (assigning a function changes the module in place: the caller's)
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mod[gv] = mutator.visit_expr(func)

@@ -9,6 +9,8 @@ are ranked by the micro-model; the whole construction is deterministic.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -17,7 +19,8 @@ from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num
                                          output_bytes, param_bytes, register_loads)
 from tvm_roller.backends.cpu.perf_model import predict_streaming, predict_tiled
 from tvm_roller.core.growth import grow_by_reuse
-from tvm_roller.core.rtile import RTile, aligned_steps, ceil_div, padding_waste
+from tvm_roller.core.rtile import (RTile, aligned_steps, ceil_div, padding_waste,
+                                   worst_padding_waste)
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.hardware.model import DTYPE_BYTES
 
@@ -202,23 +205,37 @@ def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int,
     return tuple(cur)
 
 
-def _fit_dynamic(fa: FuncAnalysis, l1: Tile, l2: Tile, eps: float) -> Tuple[Tile, Tile]:
-    """A bucket's kernel pads each dynamic axis to its task tile (spatial) or chunk
-    (reduction) at run time: the largest such step (a multiple of the L1 tile; a divisor of
-    the chunk) that pads the bucket's smallest extent by at most ``eps``."""
-    l1, l2 = list(l1), list(l2)
-    for i, low in zip(fa.dynamic_axes, fa.dynamic_low):
+def _dynamic_variants(fa: FuncAnalysis, l1: Tile, l2: Tile) -> List[Tuple[Tile, Tile]]:
+    """(l1, l2) with each dynamic axis's padding step (task tile of a spatial axis: multiples
+    of the L1 tile; chunk of a reduction: its divisors) taken smaller than the static
+    policy's, so the model can weigh padding against reuse (``tvm_roller.dynamic`` splits a
+    bucket that still pads too much)."""
+    options = []
+    for i in fa.dynamic_axes:
         if fa.axes[i].kind == "S":
-            m = max(1, l2[i] // l1[i])
-            while m > 1 and padding_waste(low, m * l1[i]) > eps:
-                m -= 1
-            l2[i] = m * l1[i]
+            # (multiples of the L1 tile only: the model counts too little for the operand a
+            # task of a few rows re-streams, from DRAM once a model's weights outgrow the L3:
+            # GPT-2's MLP ran 1.5x slower in the model with 4-row tasks)
+            options.append([(l1[i], m * l1[i]) for m in range(1, l2[i] // l1[i] + 1)])
         else:
-            chunk = l1[i]
-            fits = [d for d in range(1, chunk + 1)
-                    if chunk % d == 0 and padding_waste(low, d) <= eps]
-            l1[i] = l2[i] = max(fits) if fits else 1
-    return tuple(l1), tuple(l2)
+            options.append([(d, d) for d in range(1, l1[i] + 1) if l1[i] % d == 0])
+    out = []
+    for choice in itertools.product(*options):
+        a, b = list(l1), list(l2)
+        for i, (c1, c2) in zip(fa.dynamic_axes, choice):
+            a[i], b[i] = c1, c2
+        out.append((tuple(a), tuple(b)))
+    return out
+
+
+def _bucket_waste(fa: FuncAnalysis, l1: Tile, l2: Tile) -> float:
+    """The largest fraction of extra work the kernel's run-time padding of the dynamic axes
+    costs anywhere in the bucket (from its smallest extents to the planned ones)."""
+    work = 1.0
+    for i, low in zip(fa.dynamic_axes, fa.dynamic_low):
+        step = l2[i] if fa.axes[i].kind == "S" else l1[i]
+        work *= 1.0 + worst_padding_waste(low, fa.axes[i].extent, step)
+    return work - 1.0
 
 
 def _padding_notes(fa: FuncAnalysis, padded: Sequence[int], eps: float) -> List[str]:
@@ -256,7 +273,6 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
                                line_elems, fixed_red=l1, padded=padded)
             for l2 in l2s:
                 l2 = _scale_out(fa, l1, l2, dev.num_units, padded)
-                l1, l2 = _fit_dynamic(fa, l1, l2, eps)
                 t = RTile(kind="tiled", axes=[a.name for a in fa.axes],
                           extents=[a.extent for a in fa.axes],
                           axis_kinds="".join(a.kind for a in fa.axes),
@@ -281,7 +297,27 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
         return (0, padding(t), -accumulator_registers(fa, t.reg, lanes),
                 sum(t.terms.values()), t.key())
 
-    return sorted(cands.values(), key=rank)[:max(1, topk)]
+    ranked = sorted(cands.values(), key=rank)[:max(1, topk)]
+    if not fa.dynamic_axes:
+        return ranked
+    # a bucket of a function with symbolic extents (``tvm_roller.dynamic``): each of the best
+    # tiles with its dynamic axes' padding step chosen for the bucket, predicted at the
+    # bucket's worst-padded size (the planned one scaled by the extra work); the register and
+    # L1 tiles, and so the reuse, stay the static policy's
+    fitted = [min((_bucket_variant(fa, dev, t, v1, v2) for v1, v2 in
+                   _dynamic_variants(fa, tuple(t.l1), tuple(t.l2))),
+                  key=lambda v: v.predicted_s) for t in ranked]
+    return sorted(fitted, key=lambda v: v.predicted_s)
+
+
+def _bucket_variant(fa: FuncAnalysis, dev: DeviceModel, t: RTile, l1: Tile, l2: Tile) -> RTile:
+    v = dataclasses.replace(t, l1=list(l1), l2=list(l2), notes=list(t.notes), terms={})
+    predict_tiled(fa, dev, v)
+    v.bucket_waste = _bucket_waste(fa, l1, l2)
+    v.predicted_s *= 1.0 + v.bucket_waste
+    v.notes.append(f"bucket padding: the dynamic axes padded at run time waste at most "
+                   f"{v.bucket_waste:.0%} in the bucket (counted in the prediction)")
+    return v
 
 
 def construct_streaming(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1) -> List[RTile]:

@@ -22,6 +22,10 @@ class CudaBackend(Backend):
     traceable_chains = False  # an unfused chain is its operators as separate kernels
     runner_device = "cuda"
     tuning_kind = "cuda"
+    # (both seen with nvcc on a replayed GEMM: TVM 0.27's thread sync refuses a kernel under
+    # the dispatch's condition, and the padded tiles are scratch of a symbolic size)
+    no_dynamic_kernels = ("TVM inserts no __syncthreads under the bucket dispatch's condition "
+                          "and allocates no symbolic-size scratch on the device")
 
     def __init__(self) -> None:
         super().__init__((TiledRule(), StreamingRule()), CudaChainRule())
