@@ -376,10 +376,10 @@ def build(func, target: TargetLike, fallback: bool = False,
     per bucket (``bounds``, ``buckets``: see :func:`plan_dynamic`) and compiled once for every
     value; with ``fallback=True`` one roller declines is built with TVM's default lowering
     and a :class:`FallbackWarning` gives the reason."""
-    func = symbolic.unwrap_func(func) if isinstance(func, (tvm.IRModule, tirx.PrimFunc)) \
-        else func
-    if not isinstance(func, tirx.PrimFunc) or not symbolic.is_symbolic(func):
+    prim = _one_prim_func(func)
+    if prim is None or not symbolic.is_symbolic(prim):
         return api.build(func, target, fallback, device)
+    func = prim
     try:
         dp = plan_dynamic(func, target, device, bounds, buckets)
         kernel = lower_dynamic(dp).with_attr("tirx.is_scheduled", True)
@@ -399,11 +399,24 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
             buckets: Optional[Mapping[str, Sequence[int]]] = None) -> str:
     """:func:`tvm_roller.api.explain` for any function: one with symbolic extents shows its
     buckets, each bucket's plan, and the largest bucket's plan in full."""
-    func = symbolic.unwrap_func(func)
-    if not symbolic.is_symbolic(func):
+    prim = _one_prim_func(func)
+    if prim is None or not symbolic.is_symbolic(prim):
         return api.explain(func, target, device, topk)
+    func = prim
     dp = plan_dynamic(func, target, device, bounds, buckets)
     top = dp.cases[-1]
     return "\n".join([f"target: {dp.target}"] + describe(dp) +
                      [f"largest bucket ({top.label()}), at {dict(top.planned_at)}:"] +
                      ["  " + line for line in api.plan_lines(top.plan)])
+
+
+def _one_prim_func(func) -> Optional[tirx.PrimFunc]:
+    """The PrimFunc of ``func`` (itself, or a module's only function); None otherwise (the
+    static planner then says what is wrong with it)."""
+    if isinstance(func, tirx.PrimFunc):
+        return func
+    if isinstance(func, tvm.IRModule):
+        funcs = [f for _, f in func.functions_items()]
+        if len(funcs) == 1 and isinstance(funcs[0], tirx.PrimFunc):
+            return funcs[0]
+    return None

@@ -131,19 +131,22 @@ def test_scalar_parameter_outside_indices():
 
 
 # -- symbolic shapes -----------------------------------------------------------------------------
-def test_symbolic_shape():
+def test_symbolic_shape_is_planned_per_bucket():
+    """The static planner declines a symbolic extent; ``tvm_roller.build`` plans it per bucket
+    of the variable (``tvm_roller.dynamic``), with no fallback, for any value."""
     n = te.var("n")
     A = te.placeholder((n, 32), "float32", name="A")
     B = te.placeholder((32, 24), "float32", name="B")
     k = te.reduce_axis((0, 32), "k")
     C = te.compute((n, 24), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
     func = te.create_prim_func([A, B, C])
-    err = _declined(func, "symbolic shape")
-    assert "static" in str(err)
-
-    lib = _fallback(func, match="symbolic shape")
+    with pytest.raises(UnsupportedError, match="symbolic shape"):
+        tvm_roller.plan(func, TARGET, device=device())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        lib = _build(func, fallback=True)
     b = rand((32, 24), seed=6)
-    for rows in (1, 5, 17):  # any n works with TVM's dynamic-shape build
+    for rows in (1, 5, 17, 4099):  # 4099: above the default upper bound
         a = rand((rows, 32), seed=rows)
         assert_close(run(lib, [a, b], (rows, 24), "float32"),
                      a.astype(np.float64) @ b.astype(np.float64), F32_TOL)

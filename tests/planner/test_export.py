@@ -38,14 +38,31 @@ def test_export_and_reload(name, tmp_path):
 
 
 def test_export_fallback_build(tmp_path):
-    """A FallbackWarning build (symbolic shape) exports and reloads too."""
-    n = te.var("n")
-    A = te.placeholder((n, 16), "float32", name="A")
-    B = te.compute((n, 16), lambda i, j: A[i, j] * 3.0 + 1.0, name="B")
-    with pytest.warns(tvm_roller.FallbackWarning, match="symbolic"):
-        lib = tvm_roller.build(te.create_prim_func([A, B]), TARGET, fallback=True, device=device())
+    """A FallbackWarning build (a division by a scalar parameter) exports and reloads too, and
+    so does a function with a symbolic extent (its bucket kernels and their dispatch)."""
+    A = te.placeholder((16,), "float32", name="A")
+    d = te.var("d", "int32")
+    D = te.compute((16,), lambda i: A[te.floordiv(i, d)], name="D")
+    with pytest.warns(tvm_roller.FallbackWarning, match="non-constant division"):
+        lib = tvm_roller.build(te.create_prim_func([A, d, D]), TARGET, fallback=True,
+                               device=device())
     path = tmp_path / "fallback.so"
     lib.export_library(str(path))
     loaded = tvm.runtime.load_module(str(path))
-    a = rand_inputs([te.placeholder((5, 16), "float32"), None])[0]
-    assert_close(run(loaded["main"], [a], (5, 16), "float32"), a.astype(np.float64) * 3 + 1, 1e-7)
+    a = rand_inputs([A, None])[0]
+    out = tvm.runtime.tensor(np.full(16, np.nan, "float32"))
+    loaded["main"](tvm.runtime.tensor(a), 3, out)
+    assert_close(out.numpy(), a[np.arange(16) // 3], 0.0)
+
+    n = te.var("n")
+    X = te.placeholder((n, 16), "float32", name="X")
+    Y = te.compute((n, 16), lambda i, j: X[i, j] * 3.0 + 1.0, name="Y")
+    lib = tvm_roller.build(te.create_prim_func([X, Y]), TARGET, device=device(),
+                           bounds={"n": (1, 64)})
+    path = tmp_path / "dynamic.so"
+    lib.export_library(str(path))
+    loaded = tvm.runtime.load_module(str(path))
+    for rows in (1, 5, 70):
+        x = rand_inputs([te.placeholder((rows, 16), "float32"), None], seed=rows)[0]
+        assert_close(run(loaded["main"], [x], (rows, 16), "float32"),
+                     x.astype(np.float64) * 3 + 1, 1e-7)

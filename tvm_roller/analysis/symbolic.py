@@ -19,19 +19,17 @@ from tvm_roller.core.errors import UnsupportedError
 
 
 def shape_vars(func) -> Dict[str, tirx.Var]:
-    """name -> variable, for every variable in the parameters' shapes and every scalar
-    parameter, in order of appearance; {} for a static function."""
+    """name -> variable, for every variable in the parameters' shapes, in order of
+    appearance; {} for a static function. (A scalar parameter is one only when a shape names
+    it: one used as data, a divisor say, is not a shape.)"""
     func = unwrap_func(func)
     found: Dict[str, tirx.Var] = {}
-
     for p in func.params:
         if _is_buffer(p):
             for dim in p.shape:
                 if not isinstance(dim, tirx.IntImm):
                     for var in tirx.analysis.undefined_vars(dim, []):
                         found.setdefault(str(var.name), var)
-        elif str(getattr(p.ty, "dtype", "")).startswith("int"):
-            found.setdefault(str(p.name), p)
     return found
 
 
