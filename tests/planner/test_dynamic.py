@@ -181,3 +181,25 @@ def test_a_static_function_still_goes_through_the_static_planner():
     lib = tvm_roller.build(f, TARGET, device=device())
     a = rand((5, 7))
     assert rel_err(run(lib, [a], (5, 7), "float32"), a.astype("float64") + 1) < 1e-6
+
+
+def test_partial_sums_over_a_symbolic_extent_are_refused():
+    """The guard behind the representative sizes: a softmax recorded where the key axis is a
+    multiple of the vector width vectorizes its sums through rfactor, which over the symbolic
+    axis would sum past its end (TVM drops the split's predicate): the replay refuses it."""
+    from tvm import s_tir
+
+    from tvm_roller.analysis.schedule import plain_splits
+    from tvm_roller.api import lower
+
+    n = te.var("n", "int64")
+    X = te.placeholder((_i64(4), n, n), "float32", "X")
+    f = te.create_prim_func([X, topi.nn.softmax(X, axis=-1)])
+    dp = dynamic.plan_dynamic(f, TARGET, device(), bounds={"n": (1, 256)})
+    case = dp.cases[-1]
+    with plain_splits():  # recorded at the planned 256 itself, not at a representative
+        trace = lower(case.plan, case.plan.tiles[0], traceable=True).schedule.trace
+    sch = s_tir.Schedule(case.plan.backend.scheduling_form(f))
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    with pytest.raises(UnsupportedError, match="partial sums"):
+        dynamic._refuse_symbolic_partial_sums(sch, case)
