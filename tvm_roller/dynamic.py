@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
-
-import warnings
 
 import tvm
 from tvm import s_tir, tirx
@@ -42,7 +40,6 @@ from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware import DeviceModel, normalize_target
 
-logger = logging.getLogger("tvm_roller")
 
 #: the upper bound assumed for a shape variable nobody bounded (buckets stop there; the last
 #: bucket's kernel takes any larger value too)
@@ -428,10 +425,7 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
 def _one_prim_func(func) -> Optional[tirx.PrimFunc]:
     """The PrimFunc of ``func`` (itself, or a module's only function); None otherwise (the
     static planner then says what is wrong with it)."""
-    if isinstance(func, tirx.PrimFunc):
-        return func
-    if isinstance(func, tvm.IRModule):
-        funcs = [f for _, f in func.functions_items()]
-        if len(funcs) == 1 and isinstance(funcs[0], tirx.PrimFunc):
-            return funcs[0]
-    return None
+    try:
+        return symbolic.unwrap_func(func)
+    except UnsupportedError:
+        return None

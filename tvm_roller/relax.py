@@ -337,18 +337,21 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
     operators one by one (each roller-scheduled, or left to TVM's default on its own). A
     function with symbolic extents gets one kernel per bucket (``dynamic``)."""
     dynamic = dynamic or DynamicOptions()
-    if symbolic.is_symbolic(func):
-        return _schedule_symbolic(name, func, tgt, dev, sched_cache, dynamic)
+    kernel = _symbolic_kernel if symbolic.is_symbolic(func) else _static_kernel
     try:
-        p, lowered, cached = _schedule_one(func, tgt, dev, sched_cache)
-        new = _checked(lowered.schedule.mod["main"], tgt)
-        decision = lowered.fusion
+        return kernel(name, func, tgt, dev, sched_cache, dynamic)
     except UnsupportedError as err:
-        return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err))
+        return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err), dynamic)
     except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
         reason = f"{type(err).__name__}: {_first_lines(err)}"
         logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
-        return _as_operators(name, func, tgt, dev, sched_cache, "error", reason)
+        return _as_operators(name, func, tgt, dev, sched_cache, "error", reason, dynamic)
+
+
+def _static_kernel(name, func, tgt, dev, sched_cache, _dynamic):
+    p, lowered, cached = _schedule_one(func, tgt, dev, sched_cache)
+    new = _checked(lowered.schedule.mod["main"], tgt)
+    decision = lowered.fusion
     fusion = ""
     if decision is not None:
         fusion = f"{'fused' if decision.fuse else 'unfused'}: {decision.reason}"
@@ -357,18 +360,10 @@ def schedule_function(name: str, func: tirx.PrimFunc, tgt, dev, sched_cache=None
                            cached=cached, fusion=fusion)
 
 
-def _schedule_symbolic(name, func, tgt, dev, sched_cache, dynamic: DynamicOptions):
-    """A function with symbolic extents: its bucket kernels and their dispatch, or (declined,
-    failed) its operators one by one, or TVM's default, as for a static function."""
-    try:
-        dp = plan_dynamic(func, tgt, dev, bounds=dynamic.bounds, buckets=dynamic.buckets)
-        new = _checked(lower_dynamic(dp), tgt)
-    except UnsupportedError as err:
-        return _as_operators(name, func, tgt, dev, sched_cache, "decline", str(err), dynamic)
-    except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
-        reason = f"{type(err).__name__}: {_first_lines(err)}"
-        logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
-        return _as_operators(name, func, tgt, dev, sched_cache, "error", reason, dynamic)
+def _symbolic_kernel(name, func, tgt, dev, _sched_cache, dynamic: DynamicOptions):
+    """Its bucket kernels and their dispatch (``tvm_roller.dynamic``)."""
+    dp = plan_dynamic(func, tgt, dev, bounds=dynamic.bounds, buckets=dynamic.buckets)
+    new = _checked(lower_dynamic(dp), tgt)
     top = dp.cases[-1].plan.tiles[0]
     return new, FuncReport(name, "roller", dp.kind, top.to_dict(), top.predicted_s,
                            buckets=dp.buckets())
