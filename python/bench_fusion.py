@@ -1,14 +1,16 @@
-"""GEMM chains (Chimera) on this CPU: roller's fused kernel against the same operators built
-unfused by roller (one PrimFunc each, run in turn), numpy and PyTorch, same run, same threads.
+"""GEMM chains (Chimera) on this CPU: what ``tvm_roller.build`` makes of each chain against the
+same operators built one by one by roller (one PrimFunc each, run in turn), PyTorch and numpy,
+in the same run, with the same threads; and the BERT layer through Relax with fusion on and off.
 
-    python python/bench_fusion.py [--json out/fusion.json]
+    python python/bench_fusion.py [--runs 3] [--json out/fusion.json] [--traffic] [--no-bert]
 
-Prints a markdown table: each time is the median of repeated runs; "fused / unfused" is the
-speed-up of the fused kernel over roller's unfused operators; the predicted traffic columns are the
-data-movement model's (outer level, fused vs unfused); "% of peak" is the chain's FLOP rate
-against the machine's calibrated float32 peak, and "ceiling" the most any kernel could gain
-over the unfused one (peak / unfused rate): a chain whose unfused operators already run near
-the peak is compute-bound, and fusing it cannot save more than that.
+Every kernel is compiled once; then the whole set is timed ``--runs`` times in turn (each time
+the median of repeats), so the runs show the spread on this machine. Per chain: the model's
+decision and its predicted times (fused, unfused), ``build()`` against the operators in each
+run, the fused kernel forced (whatever the decision) with the decision's tiles and with the
+default tiles it had before (a few rows x two vectors, no L1 blocking), each with its
+run-to-run spread. ``--traffic`` also runs every kernel once under valgrind's cache simulator
+(``measure_traffic.py``): MiB into L2 from the shared level and into L1 from L2.
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def _median_time(fn, min_s: float = 0.5, repeats: int = 5) -> float:
+
+def _median_time(fn, min_s: float = 0.3, repeats: int = 5) -> float:
     fn()
     times = []
     start = time.perf_counter()
@@ -53,8 +57,7 @@ def _ops(batch, m, k, l, n, middle):  # noqa: E741
     E = te.compute(bs + (m, n), lambda *i: te.sum(S[i[:-1] + (rl,)] * D[i[:-2] + (rl, i[-1])],
                                                   axis=rl), name="E")
     funcs = [te.create_prim_func([A, B, C]), None, te.create_prim_func([S, D, E])]
-    if middle != "none":  # the middle alone: the chain's definition with identity matmuls is
-        # not available, so rebuild it on a placeholder
+    if middle != "none":  # the middle alone, on a placeholder
         from tvm_roller.fusion import workloads as fw
 
         Cin = te.placeholder(bs + (m, l), name="Cin")
@@ -63,15 +66,99 @@ def _ops(batch, m, k, l, n, middle):  # noqa: E741
     return funcs, gemm_chain(batch, m, k, l, n, middle)
 
 
+class _Case:
+    """One chain, compiled: build(), the operators alone, the fused kernel both ways."""
+
+    def __init__(self, name, funcs, chain_func, data, target):
+        import tvm
+
+        import tvm_roller
+        from measure_traffic import chain_schedules
+
+        self.name, self.func = name, chain_func
+        inputs, self.ref, self.torch_fn, self.numpy_fn, out_shape, mid_shape = data
+        self.plan = tvm_roller.plan(chain_func, target)
+        self.args = [tvm.runtime.tensor(x) for x in inputs]
+        self.out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
+        self.schedules = chain_schedules(chain_func, target)
+        self.kernels = {"build": tvm_roller.build(chain_func, target)}
+        for kind in ("fused", "fused, default tiles"):
+            self.kernels[kind] = tvm.compile(self.schedules[kind].mod, target=target)
+        self.errors = {k: self._error(f) for k, f in self.kernels.items()}
+        self.libs = [tvm_roller.build(f, target) if f is not None else None for f in funcs]
+        self.mid = [tvm.runtime.tensor(np.zeros(mid_shape, "float32")) for _ in range(2)]
+        c = self.plan.chain
+        self.flops = 2.0 * math.prod(c.batch or [1]) * c.m * c.l * (c.k + c.n)
+
+    def _error(self, f) -> float:
+        f(*self.args, self.out)
+        return float(np.abs(self.out.numpy() - self.ref).max() / np.abs(self.ref).max())
+
+    def unfused(self):
+        a, b, d = self.args
+        tc, ts = self.mid
+        self.libs[0](a, b, tc)
+        if self.libs[1] is not None:
+            self.libs[1](tc, ts)
+            self.libs[2](ts, d, self.out)
+        else:
+            self.libs[2](tc, d, self.out)
+
+    def time_all(self) -> dict:
+        """One run: each variant's median, alternating so that a slow spell hits all."""
+        t = {k: _median_time(lambda f=f: f(*self.args, self.out)) for k, f in self.kernels.items()}
+        t["unfused"] = _median_time(self.unfused)
+        t["build, again"] = _median_time(lambda: self.kernels["build"](*self.args, self.out))
+        t["build"] = min(t["build"], t.pop("build, again"))
+        import torch
+
+        with torch.no_grad():
+            t["torch"] = _median_time(self.torch_fn)
+        t["numpy"] = _median_time(self.numpy_fn) if self.numpy_fn else float("nan")
+        return t
+
+
+def _spread(values) -> float:
+    """Half the range over the runs, as a share of their median (±)."""
+    return (max(values) - min(values)) / 2 / float(np.median(values))
+
+
+def _bert_vms(seq: int, target):
+    """The BERT layer (``examples.models.bert_layer``) at ``seq`` tokens through roller's Relax
+    pipeline, fusion on and off: (input, reference, PyTorch call, {on: (vm, chains fused)})."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    import tvm_roller
+    from tvm_roller.compile_model import import_torch
+    from tvm_roller.examples import models
+
+    model = models.bert_layer()
+    x = torch.randn(1, seq, 768)
+    mod = import_torch(model, x)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    vms = {}
+    for fuse in (True, False):
+        decisions = []
+        ex = tvm_roller.relax.compile(mod, target, cache=False, chains=decisions,
+                                      fuse_chains=fuse)
+        vms[fuse] = (relax.VirtualMachine(ex, tvm.cpu()), sum(d["fused"] for d in decisions))
+    return tvm.runtime.tensor(x.numpy()), ref, lambda: model(x), vms
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--traffic", action="store_true", help="also simulate the caches (valgrind)")
+    ap.add_argument("--no-bert", action="store_true")
     args = ap.parse_args()
 
     import torch
     import tvm
 
-    import tvm_roller
     from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS
     from tvm_roller.hardware import normalize_target
 
@@ -80,75 +167,106 @@ def main() -> int:
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     print(f"target {target}, {threads} threads, {time.strftime('%Y-%m-%d %H:%M')}")
+    cases = [_Case(name, *_ops(batch, m, k, l, n, middle), _gemm_data(batch, m, k, l, n, middle),
+                   target) for name, batch, m, k, l, n, middle in CHAINS]
+    cases += [_Case(name, *_conv_ops(*shape), _conv_data(*shape), target)
+              for name, shape in CONV_CHAINS]
+    bert = None if args.no_bert else _bert_vms(512, target)
+    runs = []
+    for r in range(args.runs):
+        run = {c.name: c.time_all() for c in cases}
+        if bert is not None:
+            arg, _, torch_fn, vms = bert
+            run["BERT"] = {fuse: vm.time_evaluator("main", tvm.cpu(), number=3, repeat=5)(
+                arg).median for fuse, (vm, _) in vms.items()}
+            with torch.no_grad():
+                run["BERT"]["torch"] = _median_time(torch_fn)
+        runs.append(run)
+        print(f"run {r + 1} done", flush=True)
+
     rows = []
-    cases = [(name, _ops(batch, m, k, l, n, middle), _gemm_data(batch, m, k, l, n, middle))
-             for name, batch, m, k, l, n, middle in CHAINS]
-    cases += [(name, _conv_ops(*shape), _conv_data(*shape)) for name, shape in CONV_CHAINS]
-    for name, (funcs, chain_func), (inputs, ref, torch_chain, numpy_chain, out_shape,
-                                    mid_shape) in cases:
-        p = tvm_roller.plan(chain_func, target)
-        ta, tb, td = (tvm.runtime.tensor(x) for x in inputs)
-        out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
+    for c in cases:
+        ts = [run[c.name] for run in runs]
+        med = {k: float(np.median([t[k] for t in ts])) for k in ts[0]}
+        times = c.plan.fusion.prediction
+        rows.append({
+            "chain": c.name, "intermediate_mib": c.plan.chain.intermediate_bytes / 2**20,
+            "decision": "fused" if c.plan.fusion.fuse else "unfused",
+            "rows_per_task": c.plan.fusion.rows,
+            "predicted_fused_ms": times.fused_s * 1e3,
+            "predicted_unfused_ms": times.unfused_s * 1e3,
+            "median_ms": {k: v * 1e3 for k, v in med.items()},
+            "build_over_unfused": [t["unfused"] / t["build"] for t in ts],
+            "fused_over_unfused": [t["unfused"] / t["fused"] for t in ts],
+            "default_tiles_over_unfused": [t["unfused"] / t["fused, default tiles"] for t in ts],
+            "fused_spread": _spread([t["fused"] for t in ts]),
+            "default_tiles_spread": _spread([t["fused, default tiles"] for t in ts]),
+            "build_x_torch": med["torch"] / med["build"],
+            "build_x_numpy": med["numpy"] / med["build"],
+            "max_rel_err": max(c.errors.values()),
+            "fused_peak_fraction": c.flops / (c.plan.device.peak_gflops["float32"] * 1e9) /
+            med["fused"],
+        })
+    if args.traffic:
+        from measure_traffic import measure, shapes_of
 
-        # fused (forced, whatever the model decided) and what build() does
-        from tvm_roller.backends.cpu import chain_lower
-        rws = p.fusion.rows  # the row block of a fused task, as build() uses it
-        lanes = p.device.simd_lanes("float32")
-        fused = tvm.compile(chain_lower.apply_fused(chain_func, p.chain, rws, lanes).mod,
-                            target=target)
-        t_fused = _median_time(lambda: fused(ta, tb, td, out))
-        err = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
-
-        built = tvm_roller.build(chain_func, target)  # what the model decided
-        t_built = _median_time(lambda: built(ta, tb, td, out))
-        libs = [tvm_roller.build(f, target) if f is not None else None for f in funcs]
-        tc = tvm.runtime.tensor(np.zeros(mid_shape, "float32"))
-        ts = tvm.runtime.tensor(np.zeros(mid_shape, "float32"))
-
-        def unfused():
-            libs[0](ta, tb, tc)
-            if libs[1] is not None:
-                libs[1](tc, ts)
-                libs[2](ts, td, out)
-            else:
-                libs[2](tc, td, out)
-
-        t_unfused = _median_time(unfused)
-        with torch.no_grad():
-            t_torch = _median_time(torch_chain)
-        t_numpy = _median_time(numpy_chain) if numpy_chain else float("nan")
-        plan = p.fusion.model  # the movement model's figures
-        c = p.chain
-        flops = 2.0 * math.prod(c.batch or [1]) * c.m * c.l * (c.k + c.n)
-        peak = p.device.peak_gflops["float32"] * 1e9  # calibrated on this machine
-        row = {"chain": name, "intermediate_mib": p.chain.intermediate_bytes / 2**20,
-               "decision": "fused" if p.fusion.fuse else "unfused", "rows_per_task": rws,
-               "fused_ms": t_fused * 1e3, "unfused_roller_ms": t_unfused * 1e3,
-               "build_ms": t_built * 1e3,
-               "torch_ms": t_torch * 1e3, "numpy_ms": t_numpy * 1e3, "max_rel_err": err,
-               "unfused_peak_fraction": flops / peak / t_unfused,
-               "fused_peak_fraction": flops / peak / t_fused,
-               "predicted_fused_mib": plan.least_total_fused / 2**20,
-               "predicted_unfused_mib": plan.least_total_unfused / 2**20}
-        rows.append(row)
-        print(json.dumps(row))
-    print()
-    print("| chain | intermediate | model's decision | fused ms | unfused roller ms | "
-          "fused / unfused | build() ms | build() / unfused | build() × PyTorch | × numpy | "
-          "predicted traffic, fused / unfused | unfused, fused at % of peak | ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['chain']} | {r['intermediate_mib']:.2f} MiB | {r['decision']} | "
-              f"{r['fused_ms']:.3f} | {r['unfused_roller_ms']:.3f} | "
-              f"{r['unfused_roller_ms'] / r['fused_ms']:.2f}× | {r['build_ms']:.3f} | "
-              f"{r['unfused_roller_ms'] / r['build_ms']:.2f}× | {r['torch_ms'] / r['build_ms']:.2f}× | "
-              f"{r['numpy_ms'] / r['build_ms']:.2f}× | {r['predicted_fused_mib']:.1f} / "
-              f"{r['predicted_unfused_mib']:.1f} MiB | {100 * r['unfused_peak_fraction']:.0f}%, "
-              f"{100 * r['fused_peak_fraction']:.0f}% | {1 / r['unfused_peak_fraction']:.2f}× |")
+        kinds = ("fused", "fused, default tiles", "unfused")
+        sims = measure([(c.schedules[k].mod, shapes_of(c.func)) for c in cases for k in kinds])
+        for i, row in enumerate(rows):
+            row["traffic"] = dict(zip(kinds, sims[3 * i:3 * i + 3]))
+    _print_tables(rows, runs, bert)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"chains": rows, "bert": [
+            {str(k): v for k, v in run["BERT"].items()} for run in runs if "BERT" in run]},
+            indent=1))
     return 0
+
+
+def _ratios(values) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _print_tables(rows, runs, bert) -> None:
+    print()
+    print("| chain | intermediate | decision | predicted fused / unfused ms | build() ms | "
+          "unfused ms | build() / unfused, runs | fused forced / unfused, runs | fused spread | "
+          "default tiles / unfused, runs | default tiles spread | build() × PyTorch | "
+          "build() × numpy | fused: % of peak | max rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["median_ms"]
+        print(f"| {r['chain']} | {r['intermediate_mib']:.2f} MiB | {r['decision']} | "
+              f"{r['predicted_fused_ms']:.3f} / {r['predicted_unfused_ms']:.3f} | "
+              f"{m['build']:.3f} | {m['unfused']:.3f} | {_ratios(r['build_over_unfused'])} | "
+              f"{_ratios(r['fused_over_unfused'])} | ±{100 * r['fused_spread']:.0f}% | "
+              f"{_ratios(r['default_tiles_over_unfused'])} | "
+              f"±{100 * r['default_tiles_spread']:.0f}% | {r['build_x_torch']:.2f}× | "
+              f"{r['build_x_numpy']:.2f}× | {100 * r['fused_peak_fraction']:.0f}% | "
+              f"{r['max_rel_err']:.1e} |")
+    if any("traffic" in r for r in rows):
+        print()
+        print("| chain | into L2 from the shared level: fused, default tiles, unfused | "
+              "into L1 from L2: fused, default tiles, unfused |")
+        print("|---|---|---|")
+        for r in rows:
+            t = r["traffic"]
+            kinds = ("fused", "fused, default tiles", "unfused")
+            print(f"| {r['chain']} | " + ", ".join(f"{t[k]['l2_mib']:.1f}" for k in kinds) +
+                  " MiB | " + ", ".join(f"{t[k]['l1_mib']:.0f}" for k in kinds) + " MiB |")
+    if bert is not None:
+        arg, ref, _, vms = bert
+        errs = {fuse: float(np.abs(vm["main"](arg).numpy() - ref).max())
+                for fuse, (vm, _) in vms.items()}
+        print()
+        print("| BERT layer, 512 tokens | fusion on ms | fusion off ms | on / off | PyTorch ms | "
+              "on × PyTorch | max abs error on, off |")
+        print("|---|---|---|---|---|---|---|")
+        for i, run in enumerate(runs):
+            b = run["BERT"]
+            print(f"| run {i + 1} ({vms[True][1]} of 2 chains fused) | {b[True] * 1e3:.2f} | "
+                  f"{b[False] * 1e3:.2f} | {b[False] / b[True]:.2f}× | {b['torch'] * 1e3:.2f} | "
+                  f"{b['torch'] / b[True]:.2f}× | {errs[True]:.1e}, {errs[False]:.1e} |")
 
 
 def _gemm_data(batch, m, k, l, n, middle):  # noqa: E741

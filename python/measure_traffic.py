@@ -14,7 +14,11 @@ orders and fusion, LLVM splitting each 16-lane vector in two.
 
     python python/measure_traffic.py [--json docs/fusion_traffic.json] [--jobs 2]
 
-Needs ``valgrind`` and ``callgrind_control`` on PATH; about a minute per kernel.
+Needs ``valgrind`` and ``callgrind_control`` on PATH; about a minute per kernel. The same
+simulation measures the fused kernels' traffic beside their times in ``bench_fusion.py
+--traffic``. "into L1" counts the lines the simulated L1 fetched from L2 (read and write
+misses): the traffic a core's L2 must serve, which bounds a micro-kernel on a core with more
+FLOPs per cycle than L2 bytes (a full-width AVX-512 core).
 """
 from __future__ import annotations
 
@@ -75,46 +79,54 @@ def _simulate(so: str, shapes: Sequence[str], workdir: str) -> Dict[str, int]:
     return dict(zip(events, totals))
 
 
-def _shapes(func) -> List[str]:
+def shapes_of(func) -> List[str]:
     return ["x".join(str(int(d)) for d in p.shape) for p in func.params]
 
 
-def _kernels(workdir: str):
-    """(name, fused .so, unfused .so, shapes, predicted MiB fused, predicted MiB unfused)."""
-    import tvm
-
+def chain_schedules(func, target) -> Dict[str, object]:
+    """The chain's kernels as roller plans them for ``target``'s machine: "fused" (the fused
+    kernel with the decision's tiles, built whatever the decision), "fused, default tiles"
+    (the fused kernel's tiles before issue 18: a few rows x two vectors, no L1 blocking) and
+    "unfused" (roller's declined build: the operators one by one)."""
     import tvm_roller
     from tvm_roller.backends.cpu import chain_lower
     from tvm_roller.fusion import split
-    from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS, conv_chain, gemm_chain
+
+    p = tvm_roller.plan(func, target)
+    lanes = p.device.simd_lanes("float32")
+    return {"fused": chain_lower.apply_fused(func, p.chain, p.fusion.rows, lanes,
+                                             p.fusion.prediction.tiles),
+            "fused, default tiles": chain_lower.apply_fused(func, p.chain, p.fusion.rows, lanes),
+            "unfused": split.build_unfused(func, p.chain,
+                                           lambda part: tvm_roller.schedule(part, target))}
+
+
+def measure(kernels: Sequence[tuple], jobs: int = 2) -> List[Dict[str, float]]:
+    """``kernels``: (scheduled module, parameter shapes) pairs; each is compiled for AVX2 and
+    run under the cache simulator. Per kernel: MiB into the simulated L2 from beyond it
+    ("l2_mib") and into L1 from L2 ("l1_mib"), and the instructions ("instructions")."""
+    import tvm
+
     from tvm_roller.hardware import normalize_target
 
-    # planned and scheduled for this machine (its device model), compiled for AVX2
-    target, avx2 = normalize_target("llvm"), normalize_target(AVX2_TARGET)
-    funcs = [(name, gemm_chain(batch, m, k, l, n, middle))
-             for name, batch, m, k, l, n, middle in CHAINS]
-    funcs += [(name, conv_chain(*shape)) for name, shape in CONV_CHAINS]
-    rows = []
-    for i, (name, func) in enumerate(funcs):
-        p = tvm_roller.plan(func, target)
-        lanes = p.device.simd_lanes("float32")
-        fused = chain_lower.apply_fused(func, p.chain, p.fusion.rows,
-                                      lanes)
-        unfused = split.build_unfused(func, p.chain,
-                                      lambda part: tvm_roller.schedule(part, target))
-        paths = []
-        for kind, sch in (("fused", fused), ("unfused", unfused)):
-            path = os.path.join(workdir, f"chain{i}_{kind}.so")
-            tvm.compile(sch.mod, target=avx2).export_library(path)
-            paths.append(path)
-        rows.append((name, paths[0], paths[1], _shapes(func), p.fusion.fuse,
-                     p.fusion.model.least_total_fused / 2**20,
-                     p.fusion.model.least_total_unfused / 2**20))
-    return rows
+    avx2 = normalize_target(AVX2_TARGET)
+    workdir = tempfile.mkdtemp(prefix="roller_traffic_")
+    paths = []
+    for i, (mod, _) in enumerate(kernels):
+        path = os.path.join(workdir, f"kernel{i}.so")
+        tvm.compile(mod, target=avx2).export_library(path)
+        paths.append(path)
+    with ThreadPoolExecutor(jobs) as pool:
+        sims = list(pool.map(lambda job: _simulate(job[0], job[1][1], workdir),
+                             zip(paths, kernels)))
+    shutil.rmtree(workdir)
+    return [{"l2_mib": (ev.get("DLmr", 0) + ev.get("DLmw", 0)) * LINE / 2**20,
+             "l1_mib": (ev.get("D1mr", 0) + ev.get("D1mw", 0)) * LINE / 2**20,
+             "instructions": ev.get("Ir", 0)} for ev in sims]
 
 
-def _traffic_mib(ev: Dict[str, int]) -> float:
-    return (ev.get("DLmr", 0) + ev.get("DLmw", 0)) * LINE / 2**20
+def have_valgrind() -> bool:
+    return all(shutil.which(tool) is not None for tool in ("valgrind", "callgrind_control"))
 
 
 def main() -> int:
@@ -122,40 +134,55 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    for tool in ("valgrind", "callgrind_control"):
-        if shutil.which(tool) is None:
-            print(f"{tool} not found: this script needs valgrind", file=sys.stderr)
-            return 2
-    workdir = tempfile.mkdtemp(prefix="roller_traffic_")
-    kernels = _kernels(workdir)
-    jobs = [(so, shapes) for _, f, u, shapes, *_ in kernels for so in (f, u)]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        sims = list(pool.map(lambda job: _simulate(job[0], job[1], workdir), jobs))
+    if not have_valgrind():
+        print("valgrind not found: this script needs valgrind and callgrind_control",
+              file=sys.stderr)
+        return 2
+    import tvm_roller
+    from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS, conv_chain, gemm_chain
+    from tvm_roller.hardware import normalize_target
+
+    # planned and scheduled for this machine (its device model), compiled for AVX2
+    target = normalize_target("llvm")
+    funcs = [(name, gemm_chain(batch, m, k, l, n, middle))
+             for name, batch, m, k, l, n, middle in CHAINS]
+    funcs += [(name, conv_chain(*shape)) for name, shape in CONV_CHAINS]
+    kinds = ("fused", "fused, default tiles", "unfused")
+    kernels, meta = [], []
+    for name, func in funcs:
+        p = tvm_roller.plan(func, target)
+        schedules = chain_schedules(func, target)
+        kernels += [(schedules[k].mod, shapes_of(func)) for k in kinds]
+        meta.append((name, p.fusion.fuse, p.fusion.model.least_total_fused / 2**20,
+                     p.fusion.model.least_total_unfused / 2**20))
+    sims = measure(kernels, args.jobs)
     results = []
-    for i, (name, _, _, _, fuse, pf, pu) in enumerate(kernels):
-        mf, mu = _traffic_mib(sims[2 * i]), _traffic_mib(sims[2 * i + 1])
+    for i, (name, fuse, pf, pu) in enumerate(meta):
+        f, d, u = sims[3 * i:3 * i + 3]
         row = {"chain": name, "decision": "fused" if fuse else "unfused",
                "predicted_fused_mib": pf, "predicted_unfused_mib": pu,
-               "measured_fused_mib": mf, "measured_unfused_mib": mu,
-               "fused_instructions": sims[2 * i].get("Ir", 0),
-               "unfused_instructions": sims[2 * i + 1].get("Ir", 0)}
+               "measured_fused_mib": f["l2_mib"], "measured_unfused_mib": u["l2_mib"],
+               "l1_fused_mib": f["l1_mib"], "l1_default_tiles_mib": d["l1_mib"],
+               "l1_unfused_mib": u["l1_mib"],
+               "fused_instructions": f["instructions"], "unfused_instructions": u["instructions"]}
         results.append(row)
         print(json.dumps(row), flush=True)
     print()
     print("| chain | model's decision | predicted fused / unfused | predicted reduction | "
-          "measured fused / unfused | measured reduction |")
-    print("|---|---|---|---|---|---|")
+          "measured fused / unfused | measured reduction | into L1: fused, default tiles, "
+          "unfused |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         pred = r["predicted_unfused_mib"] / r["predicted_fused_mib"]
         meas = r["measured_unfused_mib"] / r["measured_fused_mib"]
         print(f"| {r['chain']} | {r['decision']} | {r['predicted_fused_mib']:.1f} / "
               f"{r['predicted_unfused_mib']:.1f} MiB | {pred:.2f}× | "
               f"{r['measured_fused_mib']:.1f} / {r['measured_unfused_mib']:.1f} MiB | "
-              f"{meas:.2f}× |")
+              f"{meas:.2f}× | {r['l1_fused_mib']:.0f}, {r['l1_default_tiles_mib']:.0f}, "
+              f"{r['l1_unfused_mib']:.0f} MiB |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))
-    shutil.rmtree(workdir)
     return 0
 
 

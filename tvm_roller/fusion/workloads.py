@@ -77,6 +77,9 @@ CHAINS = [  # name, batch, m, k, l, n, middle
     ("attention 12x128 softmax", [12], 128, 64, 128, 64, "softmax"),
     ("MLP 128x768->3072->768 GELU", None, 128, 768, 3072, 768, "gelu"),
     ("MLP 128x768->3072->768 ReLU", None, 128, 768, 3072, 768, "relu"),
+    ("MLP 1024x512->2048->512", None, 1024, 512, 2048, 512, "none"),
+    ("attention 16x256 (no softmax)", [16], 256, 64, 256, 64, "none"),
+    ("chain 64x64 . 64x64 . 64x64", None, 64, 64, 64, 64, "none"),
 ]
 CONV_CHAINS = [  # name, (n, h, w, c_in, c_mid, c_out): 3x3 conv, ReLU, 1x1 conv, NHWC
     ("conv 3x3 -> 1x1, 1x56x56x64 -> 64 -> 64", (1, 56, 56, 64, 64, 64)),

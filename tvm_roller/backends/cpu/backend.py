@@ -35,7 +35,8 @@ class CpuBackend(Backend):
 
     def __init__(self) -> None:
         # a convolution is tiled too: its rule comes first
-        super().__init__((ConvRule(), TiledRule(), StreamingRule()), CpuChainRule())
+        rules = (ConvRule(), TiledRule(), StreamingRule())
+        super().__init__(rules, CpuChainRule(rules))
 
     def analyze(self, func) -> FuncAnalysis:
         """The analysis of ``func``, whose function (what every rule lowers) has its float32

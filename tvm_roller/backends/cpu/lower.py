@@ -270,7 +270,7 @@ def _pack_operand(sch: s_tir.Schedule, main, name: str, at_loop, panel: int, lan
 
 
 # -- memory-bound kinds ----------------------------------------------------------------------------
-def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0,
+def rfactor_vectorize_reduction(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0,
                                  lanes_last: bool = False):
     """Vectorize a reduction over its innermost reduction loop through rfactor; optionally
     first split it ``split_cores`` ways into independent parallel partial sums. ``lanes_last``:
@@ -304,7 +304,7 @@ def _reduction_rfactor_vectorize(sch: s_tir.Schedule, block, lanes: int, split_c
         _vectorize_rf(sch, rf, lanes)
 
 
-def _vectorize_lanes_under_row(sch: s_tir.Schedule, blk, row, lanes: int) -> None:
+def vectorize_lanes_under_row(sch: s_tir.Schedule, blk, row, lanes: int) -> None:
     """An rfactor'ed partial reduction moved under the row loop (``compute_at`` regenerates its
     loops without their annotations): its lane loop, the one loop under the row bound to a
     spatial axis of ``lanes`` elements, innermost and vectorized."""
@@ -484,7 +484,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         for name in names[:-1]:
             blk = sch.get_sblock(name)
             if is_reduction(sch, blk):
-                _reduction_rfactor_vectorize(sch, blk, lanes, lanes_last=True)
+                rfactor_vectorize_reduction(sch, blk, lanes, lanes_last=True)
         out_loops = sch.get_loops(out)
         row_loops = out_loops[:len(row_loops)]
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
@@ -494,7 +494,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         for name in block_names(sch):
             blk = sch.get_sblock(name)
             if is_reduction(sch, blk):
-                _vectorize_lanes_under_row(sch, blk, row, lanes)
+                vectorize_lanes_under_row(sch, blk, row, lanes)
                 continue
             ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
             if ls and not _is_vectorized(sch, ls[-1]):
@@ -505,7 +505,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
     for name in names:
         blk = sch.get_sblock(name)
         if is_reduction(sch, blk):
-            _reduction_rfactor_vectorize(sch, blk, lanes, split_cores=cores)
+            rfactor_vectorize_reduction(sch, blk, lanes, split_cores=cores)
         else:
             _parallel_vectorize_block(sch, blk, lanes, cores)
     return sch

@@ -17,8 +17,8 @@ from tvm_roller.core.estimate import finish
 from tvm_roller.core.rtile import RTile, ceil_div
 from tvm_roller.hardware import DeviceModel
 
-_TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
-_LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
+TASK_OVERHEAD_S = 2e-7  # per parallel task (loop bookkeeping, cache warm-up)
+LAUNCH_OVERHEAD_S = 3e-6  # entering a parallel region
 _TASK_WORKSPACE_S = 7e-7  # allocating and freeing a task's accumulator workspace (DEP:2, 32 tasks)
 _STACK_BYTES = 1024  # TVM keeps smaller local buffers on the stack
 # measured rates within this of the best are the best (repeat-to-repeat noise of the table)
@@ -157,10 +157,10 @@ def predict_tiled(fa: FuncAnalysis, dev: DeviceModel, t: RTile) -> RTile:
     }
     # a task's accumulator tile in cache is a workspace TVM allocates per task (on the heap
     # above 1 KiB: TVMBackendAllocWorkspace)
-    per_task = _TASK_OVERHEAD_S
+    per_task = TASK_OVERHEAD_S
     if t.acc_level != "reg" and output_bytes(fa, l2) > _STACK_BYTES:
         per_task += _TASK_WORKSPACE_S
-    return finish(t, terms, (_LAUNCH_OVERHEAD_S, per_task * waves), tasks)
+    return finish(t, terms, (LAUNCH_OVERHEAD_S, per_task * waves), tasks)
 
 
 def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved: int,
@@ -175,4 +175,4 @@ def predict_streaming(fa: FuncAnalysis, dev: DeviceModel, t: RTile, bytes_moved:
         src.name: bytes_moved / bw,
         "compute": flops / (dev.peak_per_unit(fa.dtype) * 1e9 * cores * eff_simd),
     }
-    return finish(t, terms, (_LAUNCH_OVERHEAD_S,))
+    return finish(t, terms, (LAUNCH_OVERHEAD_S,))
