@@ -97,7 +97,8 @@ def _reductions(func) -> int:
 
 def test_injected_failure_falls_back_and_is_reported(monkeypatch):
     model, x = hf_models.MODELS["bert"]("small")
-    hit = _inject(monkeypatch, lambda f: _reductions(f) == 1 and len(f.params) == 3)
+    # the matmuls outside the fused chains (the QKV projection with its bias)
+    hit = _inject(monkeypatch, lambda f: _reductions(f) == 1 and len(f.params) >= 3)
     out, ref, report = _compile_and_run(model, x)
     assert hit
     assert rel_err(out, ref) <= 1e-4

@@ -47,6 +47,12 @@ class GemmChain:
         return asdict(self)
 
     @property
+    def is_conv(self) -> bool:
+        """An NHWC convolution chain as ``detect_chain`` reads it: batch (n, h), rows w, the
+        first operator's window (kh, kw, c_in)."""
+        return bool(self.producers) and len(self.window) == 3 and len(self.batch) == 2
+
+    @property
     def intermediate_bytes(self) -> int:
         size = self.m * self.l * self.elem_bytes
         for b in self.batch:

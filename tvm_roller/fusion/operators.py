@@ -15,12 +15,6 @@ from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.fusion.workloads import middle_stage
 
 
-def _is_conv(chain: GemmChain) -> bool:
-    """A convolution chain as ``detect_chain`` reads it (NHWC: batch n, h; rows w; window
-    kh, kw, c_in)."""
-    return bool(chain.producers) and len(chain.window) == 3 and len(chain.batch) == 2
-
-
 def _func(*tensors) -> tirx.PrimFunc:
     return te.create_prim_func(list(tensors)).with_attr("global_symbol", "main")
 
@@ -60,7 +54,7 @@ def first_operator(chain: GemmChain, rows: Optional[int] = None) -> tirx.PrimFun
     ``rows`` rows of one batch element."""
     batch = list(chain.batch) if rows is None else [1] * len(chain.batch)
     m = chain.m if rows is None else rows
-    if _is_conv(chain):
+    if chain.is_conv:
         return _func(*_conv(batch, m, chain, valid=rows is not None))
     return _func(*_matmul(batch, m, chain.k, chain.l, chain.dtype))
 

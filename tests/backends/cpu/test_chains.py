@@ -264,3 +264,24 @@ def test_decision_weighs_predicted_times():
         plan = dataclasses.replace(p.fusion.model)
         chain_plan.decide(plan, dev, p.chain.intermediate_bytes, times)
         assert plan.fuse == fuse and "predicted fused 1000.000 ms" in plan.reason
+
+
+def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
+    """An operator roller cannot plan alone leaves nothing to compare: the chain is not fused,
+    with the reason, and still builds correctly (no crash)."""
+    from tvm_roller.backends.registry import backend_for
+    from tvm_roller.core.errors import UnsupportedError
+
+    rule = backend_for(TARGET).chain_rule
+
+    def refuse(func, dev):
+        raise UnsupportedError("no rule for this operator (test)")
+
+    monkeypatch.setattr(rule, "plan_alone", refuse)
+    func = gemm_chain([2], 16, 8, 16, 8, "relu")
+    p = tvm_roller.plan(func, TARGET, device=device())
+    assert not p.fusion.fuse and "cannot be predicted alone" in p.fusion.reason
+    assert p.fusion.prediction is None
+    lib = tvm_roller.build(func, TARGET, device=device())
+    arrays = chain_inputs([2], 16, 8, 16, 8)
+    assert_close(run(lib, arrays, (2, 16, 8), "float32"), chain_reference(*arrays, "relu"), 2e-5)

@@ -21,6 +21,7 @@ from tvm_roller.analysis import analyze
 from tvm_roller.backends.cpu.chain_lower import OpTiles, degenerate_tiles, padded_columns
 from tvm_roller.backends.cpu.perf_model import LAUNCH_OVERHEAD_S, TASK_OVERHEAD_S
 from tvm_roller.backends.cpu.policy import L2_FILL, construct_streaming, construct_tiled
+from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.fusion import movement, operators
 from tvm_roller.fusion.chain import GemmChain
@@ -35,7 +36,7 @@ def describe_loops(chain: GemmChain):
     loop). A convolution chain (NHWC, rows: the output's w) is described as one, its input
     indexed by the output's h and w: read as a GEMM its K = kh x kw x C_in would count each
     input element kh x kw times."""
-    if chain.producers and len(chain.window) == 3 and len(chain.batch) == 2:
+    if chain.is_conv:
         kh, kw, c_in = chain.window
         return (movement.conv_chain(chain.batch[0], chain.batch[1], chain.m, c_in, chain.l,
                                     chain.n, kh, kw, chain.elem_bytes), "w", "cm")
@@ -43,9 +44,11 @@ def describe_loops(chain: GemmChain):
                                 chain.elem_bytes), "m", "l")
 
 
-def plan_gemm_chain(chain: GemmChain, dev: DeviceModel, plan_alone: PlanAlone):
+def plan_gemm_chain(chain: GemmChain, dev: DeviceModel, plan_alone: PlanAlone
+                    ) -> Tuple[object, Optional["ChainTimes"]]:
     """The movement model's ChainPlan for ``chain`` on ``dev``, with the decision read from
-    predicted times (``decide``). ``plan_alone``: roller's own plan of one operator (the
+    predicted times (``decide``), and the predicted times (None, and not fused, when an
+    operator cannot be planned alone). ``plan_alone``: roller's own plan of one operator (the
     backend's rules), what the operators one by one would run.
 
     The fused kernel computes whole rows of the intermediate (a softmax between the matmuls
@@ -66,7 +69,12 @@ def plan_gemm_chain(chain: GemmChain, dev: DeviceModel, plan_alone: PlanAlone):
         if "unfused" in name:
             setattr(plan, name, getattr(alone, name))
     rows = rows_per_task(chain, plan, dev)
-    times = predict_times(chain, plan, dev, rows, plan_alone)
+    try:
+        times = predict_times(chain, plan, dev, rows, plan_alone)
+    except UnsupportedError as err:  # an operator roller cannot plan alone: nothing to compare
+        plan.fuse = False
+        plan.reason = f"not fused: the chain's operators cannot be predicted alone ({err})"
+        return plan, None
     decide(plan, dev, chain.intermediate_bytes, times, chain.row_reduction)
     if plan.fuse:
         why = degenerate_tiles(chain, rows, dev.simd_lanes(chain.dtype))

@@ -34,9 +34,10 @@ class CpuChainRule(ChainRule):
     def plan(self, chain: GemmChain, dev: DeviceModel,
              stage_kinds: Optional[Sequence[str]] = None) -> ChainDecision:
         model, times = plan_gemm_chain(chain, dev, self.plan_alone)
+        lines = tuple(describe(model)) + tuple(
+            "  " + line for line in (times.lines() if times is not None else ()))
         return ChainDecision(bool(model.fuse), model.reason, rows_per_task(chain, model, dev),
-                             model, tuple(describe(model)) + tuple(
-                                 "  " + line for line in times.lines()), times)
+                             model, lines, times)
 
     def lower(self, func: tirx.PrimFunc, chain: GemmChain, decision: ChainDecision,
               dev: DeviceModel) -> s_tir.Schedule:
