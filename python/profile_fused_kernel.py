@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_fusion import _median_time  # noqa: E402
 
 CHAINS = [  # name, batch, m, k, l, n
     ("attention 12x512 (no softmax)", [12], 512, 64, 512, 64),
@@ -30,17 +33,7 @@ CHAINS = [  # name, batch, m, k, l, n
 
 
 def _gflops(fn, flops: float, runs: int) -> list:
-    fn()
-    out = []
-    for _ in range(runs):
-        times = []
-        start = time.perf_counter()
-        while len(times) < 5 or time.perf_counter() - start < 0.3:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        out.append(flops / float(np.median(times)) / 1e9)
-    return out
+    return [flops / _median_time(fn) / 1e9 for _ in range(runs)]
 
 
 def _fmt(rates: list) -> str:

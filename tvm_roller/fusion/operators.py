@@ -19,10 +19,10 @@ def _func(*tensors) -> tirx.PrimFunc:
     return te.create_prim_func(list(tensors)).with_attr("global_symbol", "main")
 
 
-def _matmul(batch: List[int], m: int, k: int, n: int, dtype: str, left=None):
+def _matmul(batch: List[int], m: int, k: int, n: int, dtype: str):
     """E[batch.., m, n] = sum_k A[batch.., m, k] B[batch.., k, n] (NN layout)."""
     bs = tuple(batch)
-    a = left if left is not None else te.placeholder(bs + (m, k), dtype, name="A")
+    a = te.placeholder(bs + (m, k), dtype, name="A")
     b = te.placeholder(bs + (k, n), dtype, name="B")
     r = te.reduce_axis((0, k), name="r")
     out = te.compute(bs + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)] * b[i[:-2] + (r, i[-1])],

@@ -274,7 +274,7 @@ def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
 
     rule = backend_for(TARGET).chain_rule
 
-    def refuse(func, dev):
+    def refuse(fa, dev):
         raise UnsupportedError("no rule for this operator (test)")
 
     monkeypatch.setattr(rule, "plan_alone", refuse)
@@ -285,3 +285,4 @@ def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
     lib = tvm_roller.build(func, TARGET, device=device())
     arrays = chain_inputs([2], 16, 8, 16, 8)
     assert_close(run(lib, arrays, (2, 16, 8), "float32"), chain_reference(*arrays, "relu"), 2e-5)
+

@@ -15,9 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from tvm import tirx
-
-from tvm_roller.analysis import analyze
+from tvm_roller.analysis import FuncAnalysis, analyze
 from tvm_roller.backends.cpu.chain_lower import OpTiles, degenerate_tiles, padded_columns
 from tvm_roller.backends.cpu.perf_model import LAUNCH_OVERHEAD_S, TASK_OVERHEAD_S
 from tvm_roller.backends.cpu.policy import L2_FILL, construct_streaming, construct_tiled
@@ -27,8 +25,9 @@ from tvm_roller.fusion import movement, operators
 from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.hardware import DeviceModel
 
-# roller's own plan of one operator alone on a device (its best rTile), by the backend's rules
-PlanAlone = Callable[[tirx.PrimFunc, DeviceModel], RTile]
+# roller's own plan of one analysed operator alone on a device (its best rTile), by the
+# backend's rules
+PlanAlone = Callable[[FuncAnalysis, DeviceModel], RTile]
 
 
 def describe_loops(chain: GemmChain):
@@ -110,6 +109,15 @@ class ChainTimes:
 _SPILL_PASSES = 3
 
 
+def _fits_private(intermediate_bytes: int, dev: DeviceModel) -> Tuple[bool, float, float]:
+    """(whether each core's share of the intermediate fits its L2, the share, the usable
+    capacity): each core keeps its share of the rows; half its L2 is what a tile may use
+    (``policy.L2_FILL``)."""
+    cap = dev.levels[1].capacity_bytes * L2_FILL
+    share = intermediate_bytes / max(1, dev.num_units)
+    return share <= cap, share, cap
+
+
 def _one_core(dev: DeviceModel) -> DeviceModel:
     """``dev`` as one fused task sees it: one core with its own peak (the rates per core)."""
     return dataclasses.replace(dev, num_units=1, peak_gflops={
@@ -141,7 +149,7 @@ def _task_tile(func, dev1: DeviceModel, plan_alone: PlanAlone, lanes: int
     fa = analyze(func)
     rows, cols = (fa.axes[i].extent for i in fa.spatial[-2:])
     reductions = [fa.axes[i].extent for i in fa.reduction]
-    t = plan_alone(func, dev1)
+    t = plan_alone(fa, dev1)
     tiles = _op_tiles(fa, t)
     if tiles is not None and tiles.fits(rows, cols, reductions, lanes):
         return tiles, t
@@ -175,14 +183,13 @@ def predict_times(chain: GemmChain, plan, dev: DeviceModel, rows: int,
     fused_terms = {"in-core": waves * per_task, **shared}
     fused = max(fused_terms.values()) + LAUNCH_OVERHEAD_S + TASK_OVERHEAD_S * waves
 
-    own = [("first", plan_alone(operators.first_operator(chain), dev))]
+    own = [("first", plan_alone(analyze(operators.first_operator(chain)), dev))]
     full_stage = operators.row_stage(chain)
     if full_stage is not None:
-        own.append(("row stage", plan_alone(full_stage, dev)))
-    own.append(("second", plan_alone(operators.second_operator(chain), dev)))
+        own.append(("row stage", plan_alone(analyze(full_stage), dev)))
+    own.append(("second", plan_alone(analyze(operators.second_operator(chain)), dev)))
     unfused_terms = {name: t.predicted_s for name, t in own}
-    share = chain.intermediate_bytes / max(1, dev.num_units)
-    if share > dev.levels[1].capacity_bytes * L2_FILL:
+    if not _fits_private(chain.intermediate_bytes, dev)[0]:
         boundaries = len(own) - 1
         unfused_terms["round trips"] = (_SPILL_PASSES * boundaries * chain.intermediate_bytes /
                                         (dev.dram.bandwidth_gbs * 1e9))
@@ -208,10 +215,7 @@ def decide(plan, dev: DeviceModel, intermediate_bytes: int, times: ChainTimes,
     one. The reason also states the traffic from the shared level (Chimera's least-traffic
     plans, fused and unfused) and whether the intermediate fits the private caches."""
     private = dev.levels[1]
-    # each core keeps its share of the rows; half its L2 is what a tile may use (policy.L2_FILL)
-    cap = private.capacity_bytes * L2_FILL
-    share = intermediate_bytes / max(1, dev.num_units)
-    fits = share <= cap
+    fits, share, cap = _fits_private(intermediate_bytes, dev)
     pass_of_its_own = 0
     if row_reduction and not fits:  # the softmax reads C and writes S from the shared level
         pass_of_its_own = 2 * intermediate_bytes

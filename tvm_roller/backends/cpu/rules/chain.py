@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 from tvm import s_tir, tirx
 
-from tvm_roller.analysis import analyze
+from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.backends.base import ChainRule, OpRule
 from tvm_roller.backends.cpu import chain_lower
 from tvm_roller.backends.cpu.chain_plan import describe, plan_gemm_chain, rows_per_task
@@ -23,9 +23,9 @@ class CpuChainRule(ChainRule):
     def __init__(self, op_rules: Sequence[OpRule]) -> None:
         self._op_rules = tuple(op_rules)
 
-    def plan_alone(self, func: tirx.PrimFunc, dev: DeviceModel) -> RTile:
-        """Roller's best rTile for ``func`` alone on ``dev``, from the backend's rules."""
-        fa = analyze(func)
+    def plan_alone(self, fa: FuncAnalysis, dev: DeviceModel) -> RTile:
+        """Roller's best rTile for the analysed function alone on ``dev``, from the backend's
+        rules."""
         rule = next((r for r in self._op_rules if r.matches(fa)), None)
         if rule is None:
             raise UnsupportedError(f"no CPU rule plans the chain's operator {fa.main}")
