@@ -40,30 +40,20 @@ def _median_time(fn, min_s: float = 0.3, repeats: int = 5) -> float:
 
 
 def _ops(batch, m, k, l, n, middle):  # noqa: E741
-    """The chain's operators as separate PrimFuncs (what an unfused build runs)."""
+    """The chain's operators as separate PrimFuncs (what an unfused build runs): the two
+    matmuls (``fusion.operators``) and the stage between them on a placeholder, if any."""
     from tvm import te
 
-    from tvm_roller.fusion.workloads import gemm_chain
+    from tvm_roller.fusion import operators, workloads
+    from tvm_roller.fusion.chain import detect_chain
 
-    bs = tuple(batch or ())
-    A = te.placeholder(bs + (m, k), name="A")
-    B = te.placeholder(bs + (k, l), name="B")
-    rk = te.reduce_axis((0, k), name="rk")
-    C = te.compute(bs + (m, l), lambda *i: te.sum(A[i[:-1] + (rk,)] * B[i[:-2] + (rk, i[-1])],
-                                                  axis=rk), name="C")
-    S = te.placeholder(bs + (m, l), name="S")
-    D = te.placeholder(bs + (l, n), name="D")
-    rl = te.reduce_axis((0, l), name="rl")
-    E = te.compute(bs + (m, n), lambda *i: te.sum(S[i[:-1] + (rl,)] * D[i[:-2] + (rl, i[-1])],
-                                                  axis=rl), name="E")
-    funcs = [te.create_prim_func([A, B, C]), None, te.create_prim_func([S, D, E])]
-    if middle != "none":  # the middle alone, on a placeholder
-        from tvm_roller.fusion import workloads as fw
-
-        Cin = te.placeholder(bs + (m, l), name="Cin")
-        mid = fw.middle_stage(Cin, middle)
-        funcs[1] = te.create_prim_func([Cin, mid])
-    return funcs, gemm_chain(batch, m, k, l, n, middle)
+    chain_func = workloads.gemm_chain(batch, m, k, l, n, middle)
+    chain = detect_chain(chain_func)
+    mid = None
+    if middle != "none":
+        c = te.placeholder(tuple(batch or ()) + (m, l), name="Cin")
+        mid = te.create_prim_func([c, workloads.middle_stage(c, middle)])
+    return [operators.first_operator(chain), mid, operators.second_operator(chain)], chain_func
 
 
 class _Case:
@@ -154,6 +144,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--traffic", action="store_true", help="also simulate the caches (valgrind)")
     ap.add_argument("--no-bert", action="store_true")
+    ap.add_argument("--chain", action="append", default=[], metavar="B,M,K,L,N,MIDDLE",
+                    help="time this GEMM chain instead of the suite's (B: the batch, 0 for "
+                         "none; MIDDLE: none, relu, gelu or softmax); repeatable")
     args = ap.parse_args()
 
     import torch
@@ -167,10 +160,12 @@ def main() -> int:
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     print(f"target {target}, {threads} threads, {time.strftime('%Y-%m-%d %H:%M')}")
+    chains = [_parse_chain(spec) for spec in args.chain] or CHAINS
     cases = [_Case(name, *_ops(batch, m, k, l, n, middle), _gemm_data(batch, m, k, l, n, middle),
-                   target) for name, batch, m, k, l, n, middle in CHAINS]
-    cases += [_Case(name, *_conv_ops(*shape), _conv_data(*shape), target)
-              for name, shape in CONV_CHAINS]
+                   target) for name, batch, m, k, l, n, middle in chains]
+    if not args.chain:
+        cases += [_Case(name, *_conv_ops(*shape), _conv_data(*shape), target)
+                  for name, shape in CONV_CHAINS]
     bert = None if args.no_bert else _bert_vms(512, target)
     runs = []
     for r in range(args.runs):
@@ -221,6 +216,14 @@ def main() -> int:
             {str(k): v for k, v in run["BERT"].items()} for run in runs if "BERT" in run]},
             indent=1))
     return 0
+
+
+def _parse_chain(spec: str):
+    """``B,M,K,L,N,MIDDLE`` as a CHAINS entry."""
+    *dims, middle = spec.split(",")
+    b, m, k, l, n = (int(d) for d in dims)  # noqa: E741
+    batch = [b] if b else None
+    return (spec, batch, m, k, l, n, middle)
 
 
 def _ratios(values) -> str:

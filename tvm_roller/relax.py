@@ -156,13 +156,20 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
         dev = device if device is not None else backend.device_model(tgt)
         chain = GemmChain("", "", [], batch, m, k, l, n, dtype, 4 if dtype == "float32" else 8,
                           row_reduction=reduces_rows(kinds))
-        plan = backend.chain_rule.plan(chain, dev, stage_kinds=kinds)
+        label = f"{m}x{k} . {k}x{l} . {l}x{n}, batch {batch}"
+        try:
+            plan = backend.chain_rule.plan(chain, dev, stage_kinds=kinds)
+        except UnsupportedError as err:  # a decline: the chain's operators stay apart
+            return _kept_apart(label, f"declined: {err}", decisions)
+        except Exception as err:  # noqa: BLE001  (a defect: reported, the chain kept apart)
+            reason = f"error: {type(err).__name__}: {_first_lines(err)}"
+            logger.warning("tvm_roller: error planning matmul chain %s, kept apart: %s",
+                           label, reason)
+            return _kept_apart(label, reason, decisions)
         logger.info("tvm_roller: matmul chain %sx%sx%sx%s (batch %s): %s (%s)", m, k, l, n, batch,
                     "fuse" if plan.fuse else "keep apart", plan.reason)
         if decisions is not None:
-            decisions.append({"chain": f"{m}x{k} . {k}x{l} . {l}x{n}, batch {batch}",
-                              "fused": bool(plan.fuse),
-                              "reason": plan.reason})
+            decisions.append({"chain": label, "fused": bool(plan.fuse), "reason": plan.reason})
         return plan.fuse
 
     @tvm.transform.module_pass(opt_level=0, name="RollerGroupGemmChains")
@@ -177,6 +184,13 @@ def group_chains_pass(device: Optional[DeviceModel] = None,
         return mod
 
     return _group
+
+
+def _kept_apart(label: str, reason: str, decisions: Optional[list]) -> bool:
+    """A chain the grouping pass leaves as separate operators because its plan failed."""
+    if decisions is not None:
+        decisions.append({"chain": label, "fused": False, "reason": reason})
+    return False
 
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,

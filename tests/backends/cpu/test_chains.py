@@ -286,3 +286,30 @@ def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
     arrays = chain_inputs([2], 16, 8, 16, 8)
     assert_close(run(lib, arrays, (2, 16, 8), "float32"), chain_reference(*arrays, "relu"), 2e-5)
 
+
+def test_relax_chain_whose_plan_fails_is_kept_apart_and_reported(monkeypatch):
+    """A defect in the chain decision (here an injected error) does not fail the model's
+    compile: the chain's operators stay apart and the decision says it was an error."""
+    import torch
+    from tvm import relax
+
+    from tvm_roller.backends.registry import backend_for
+    from tvm_roller.compile_model import import_torch
+    from tvm_roller.examples import models
+
+    rule = backend_for(TARGET).chain_rule
+
+    def broken(chain, dev, stage_kinds=None):
+        raise RuntimeError("injected chain failure")
+
+    monkeypatch.setattr(rule, "plan", broken)
+    model = models.bert_layer()
+    x = torch.randn(1, 64, 768)
+    decisions = []
+    ex = tvm_roller.relax.compile(import_torch(model, x), tvm_roller.hardware.normalize_target(
+        TARGET), device=device(), cache=False, chains=decisions)
+    assert decisions and all(not d["fused"] and d["reason"].startswith(
+        "error: RuntimeError: injected chain failure") for d in decisions)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        assert np.abs(out - model(x).numpy()).max() < 1e-4
