@@ -28,9 +28,9 @@ setup(
     license="Apache-2.0",
     license_files=["LICENSE"],
     packages=find_packages(include=["tvm_roller", "tvm_roller.*"]),
-    # the shipped MetaSchedule baselines (tvm_roller/suite/baselines.py); MANIFEST.in adds them
+    # the shipped MetaSchedule baselines (tvm_roller/tools/suite/baselines.py); MANIFEST.in adds them
     # to the sdist
-    package_data={"tvm_roller.suite": ["data/*/*.json", "data/*/*.jsonl", "data/*/*.md"]},
+    package_data={"tvm_roller.tools.suite": ["data/*/*.json", "data/*/*.jsonl", "data/*/*.md"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=[
@@ -45,7 +45,7 @@ setup(
         "tqdm",
     ],
     extras_require={"test": list(TEST_EXTRAS), "bench": list(TEST_EXTRAS)},
-    entry_points={"console_scripts": ["tvm-roller=tvm_roller.cli:main"]},
+    entry_points={"console_scripts": ["tvm-roller=tvm_roller.tools.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Software Development :: Compilers",

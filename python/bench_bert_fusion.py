@@ -20,8 +20,8 @@ def main() -> int:
     from tvm import relax
 
     import tvm_roller
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import models
 
     tgt = tvm_roller.hardware.normalize_target("llvm")
     torch.set_num_threads(int(tgt.attrs["num-cores"]))

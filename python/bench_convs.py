@@ -58,7 +58,7 @@ SHAPES = [
 def conv_primfunc(dims, cin, size, cout, k, s, p, g, relu=True, seed=0, n=1):
     """The fused PrimFunc (pad + conv + bias add [+ relu]) of a channels-last convolution with
     constant weights, as Relax's pipeline produces it; also the weight and bias arrays."""
-    from tvm_roller.examples.fused_funcs import channels_last_conv
+    from tvm_roller.tools.examples.fused_funcs import channels_last_conv
 
     rng = np.random.default_rng(seed)
     w = rng.uniform(-1, 1, size=(k,) * dims + (cin // g, cout)).astype("float32")
@@ -135,7 +135,7 @@ def main(argv=None):
         if a.only and not any(o in name for o in a.only.split(",")):
             continue
         func, w, b = conv_primfunc(*args)
-        plan = tvm_roller.api.plan(func, target)
+        plan = tvm_roller.plan(func, target)
         cls = plan.tiles[0].kind
         if a.explain:
             print(tvm_roller.explain(func, target, topk=1), file=sys.stderr)

@@ -25,17 +25,17 @@ from tvm import relax
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tvm_roller  # noqa: E402
 import tvm_roller.relax as rr  # noqa: E402
-from tvm_roller.backends.registry import host_target  # noqa: E402
-from tvm_roller.compile_model import import_torch  # noqa: E402
-from tvm_roller.examples.measure import write_json  # noqa: E402
-from tvm_roller.relax_passes.shape_bounds import bound_shapes_pass  # noqa: E402
-from tvm_roller.relax_passes.workarounds import workarounds_pass  # noqa: E402
+from tvm_roller.hardware import host_target  # noqa: E402
+from tvm_roller.integrations.pytorch import import_torch  # noqa: E402
+from tvm_roller.tools.bench.measure import write_json  # noqa: E402
+from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass  # noqa: E402
+from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass  # noqa: E402
 
 
 def build_model(name: str, layers: int, max_len: int):
     from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
-    from tvm_roller.examples.hf_models import _LastHidden, _eval
+    from tvm_roller.tools.examples.hf_models import _LastHidden, _eval
 
     torch.manual_seed(0)
     if name == "llama":

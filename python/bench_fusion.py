@@ -121,8 +121,8 @@ def _bert_vms(seq: int, target):
     from tvm import relax
 
     import tvm_roller
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import models
 
     model = models.bert_layer()
     x = torch.randn(1, seq, 768)
@@ -152,7 +152,7 @@ def main() -> int:
     import torch
     import tvm
 
-    from tvm_roller.fusion.workloads import CHAINS, CONV_CHAINS
+    from tvm_roller.tools.bench.chains import CHAINS, CONV_CHAINS
     from tvm_roller.hardware import normalize_target
 
     target = normalize_target("llvm")
@@ -298,7 +298,7 @@ def _gemm_data(batch, m, k, l, n, middle):  # noqa: E741
 def _conv_ops(n, h, w, ci, cm, co):
     from tvm import te, topi
 
-    from tvm_roller.fusion.workloads import conv_chain
+    from tvm_roller.tools.bench.chains import conv_chain
 
     x = te.placeholder((n, h, w, ci), name="x")
     w1 = te.placeholder((3, 3, ci, cm), name="w1")

@@ -37,7 +37,7 @@ def _median_time(fn, min_s: float = 1.0, min_runs: int = 5) -> float:
 
 def _kernel_profile(vm, arg, calls: int = 5, top: int = 8) -> list:
     """(kernel, ms per call, share) of the slowest PrimFuncs."""
-    from tvm_roller.examples.measure import kernel_times, slowest
+    from tvm_roller.tools.bench.measure import kernel_times, slowest
 
     times = kernel_times(vm, arg, calls)
     total = sum(times.values()) or 1.0
@@ -51,8 +51,8 @@ def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) 
     import tvm
     from tvm import relax
 
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import hf_models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import hf_models
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model, x = hf_models.MODELS[name](size)
@@ -148,7 +148,7 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
-    from tvm_roller.examples.measure import run_isolated
+    from tvm_roller.tools.bench.measure import run_isolated
 
     rows = []
     for name in args.models.split(","):

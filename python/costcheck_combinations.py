@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
-from tvm_roller.costcheck.dataset import load_dataset
+from tvm_roller.tools.costcheck.dataset import load_dataset
 
 
 def _term(c, name: str) -> float:

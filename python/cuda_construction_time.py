@@ -18,8 +18,8 @@ def main() -> int:
     import tvm
 
     import tvm_roller
-    from tvm_roller.suite import gpu_workloads
-    from tvm_roller.suite import workloads as W
+    from tvm_roller.tools.suite import gpu_workloads
+    from tvm_roller.tools.suite import workloads as W
 
     warnings.simplefilter("ignore")
     funcs = [W.create(c, i) for c, i in W.list_workloads()] + \

@@ -1,4 +1,4 @@
-"""Device check of CUDA kernels (command line of ``tvm_roller.cuda_check.gpu_check``, see there):
+"""Device check of CUDA kernels (command line of ``tvm_roller.tools.cuda_check.gpu_check``, see there):
 
     python python/gpu_check.py build --out gpu_bundles [--ops ...] [--no-nvcc]   (here: TVM, nvcc)
     python python/gpu_check.py run gpu_bundles [--budget-s 420] [--ops ...] [--no-micro]
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tvm_free_package() -> None:
-    """Let ``run`` (and ``--help``) import tvm_roller.cuda_check.gpu_check without running
+    """Let ``run`` (and ``--help``) import tvm_roller.tools.cuda_check.gpu_check without running
     tvm_roller/__init__.py, which imports TVM: the GPU machine has none. The package is found
     by name as usual but not initialised; its submodules then import as usual."""
     if "tvm_roller" not in sys.modules:
@@ -26,6 +26,6 @@ if __name__ == "__main__":
         sys.path.insert(0, str(ROOT))
     if sys.argv[1:2] != ["build"]:
         _tvm_free_package()
-    from tvm_roller.cuda_check.gpu_check import main
+    from tvm_roller.tools.cuda_check.gpu_check import main
 
     main()

@@ -6,9 +6,10 @@
 ``dump`` plans every suite workload (top-3) for a fixed host-like CPU target and for
 ``nvidia/nvidia-h100`` and records a hash of each rTile (every field but the notes) and of the
 best schedule (``sch.mod.script()``); with ``--models`` it also compiles the example HuggingFace
-models (``tvm_roller.examples.hf_models``) through ``tvm_roller.relax.compile`` and records each
+models (``tools.examples.hf_models``) through ``tvm_roller.relax.compile`` and records each
 PrimFunc's report entry (status, kind, rTile, fallback, fusion) and the matmul-chain decisions.
-Run it once per tree (e.g. ``PYTHONPATH=<a git worktree>``), then ``compare`` lists what differs.
+Run it once per tree (e.g. ``PYTHONPATH=<a git worktree>``), then ``compare`` lists what differs;
+it runs on the trees before and after the package's re-layout (issue 26) alike.
 """
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def _digest(obj) -> str:
 
 def dump_plans() -> dict:
     import tvm_roller
-    from tvm_roller.api import apply
     from tvm_roller import UnsupportedError  # (the root export: any version of the tree)
-    from tvm_roller.suite import workloads as W
+
+    apply, W = _tree("apply"), _tree("workloads")
 
     out = {}
     for tname, tgt in TARGETS.items():
@@ -54,8 +55,8 @@ def dump_plans() -> dict:
 
 def dump_models(size: str) -> dict:
     import tvm_roller.relax as rr
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import hf_models
+
+    import_torch, hf_models = _tree("import_torch"), _tree("hf_models")
 
     out = {}
     for name, make in hf_models.MODELS.items():
@@ -69,6 +70,26 @@ def dump_models(size: str) -> dict:
         out[f"{name}/{size}"] = {"funcs": funcs, "chains": chains}
         print(f"{name}: {len(funcs)} PrimFuncs", file=sys.stderr, flush=True)
     return out
+
+
+# where each name lives in this tree and in the tree before the planner/ cache/ integrations/
+# tools/ layout (issue 26), so one script fingerprints both
+_PLACES = {"apply": ("tvm_roller.planner", "tvm_roller.api"),
+           "workloads": ("tvm_roller.tools.suite.workloads", "tvm_roller.suite.workloads"),
+           "import_torch": ("tvm_roller.integrations.pytorch", "tvm_roller.compile_model"),
+           "hf_models": ("tvm_roller.tools.examples.hf_models", "tvm_roller.examples.hf_models")}
+
+
+def _tree(name: str):
+    import importlib
+    from pathlib import Path
+
+    import tvm_roller
+
+    new_layout = (Path(tvm_roller.__file__).parent / "planner").is_dir()
+    module = _PLACES[name][0 if new_layout else 1]
+    mod = importlib.import_module(module)
+    return mod if module.endswith(name) else getattr(mod, name)
 
 
 def compare(before: dict, after: dict) -> int:

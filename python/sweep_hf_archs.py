@@ -83,8 +83,8 @@ def run_one(arch: str) -> dict:
     from tvm import relax
 
     import tvm_roller
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples.hf_models import randomize_norm_statistics
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples.hf_models import randomize_norm_statistics
 
     cls_name, overrides, kind = ARCHS[arch]
     torch.manual_seed(0)
@@ -155,7 +155,7 @@ def main() -> int:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(run_one(args.one), fh)
         return 0
-    from tvm_roller.examples.measure import run_isolated
+    from tvm_roller.tools.bench.measure import run_isolated
 
     rows = []
     for arch in args.archs.split(","):

@@ -39,8 +39,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     sys.path.insert(0, str(ROOT))
     import tvm_roller  # noqa: F401  (sets TVM_NUM_THREADS to all cores before TVM's pool starts)
-    from tvm_roller.suite.runner import parse_target
-    from tvm_roller.suite.tune_baselines import tune_baselines
+    from tvm_roller.tools.suite.runner import parse_target
+    from tvm_roller.tools.suite.tune_baselines import tune_baselines
 
     try:
         lines = tune_baselines(args.ops, parse_target(args.target), args.out, trials=args.trials,

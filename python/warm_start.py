@@ -1,6 +1,6 @@
 """MetaSchedule from scratch vs MetaSchedule seeded with roller's schedules.
 
-For each workload of the public single-op suite (``tvm_roller.suite``), two tuning runs with the
+For each workload of the public single-op suite (``tvm_roller.tools.suite``), two tuning runs with the
 same trial budget, search space, cost model, builder and runner:
 
 * scratch: ``ms.tune_tir`` on an empty database;
@@ -57,7 +57,7 @@ def run_pair(name: str, target, trials: int, per_iter: int, topk: int, work_root
     from tvm.s_tir import meta_schedule as ms
 
     from tvm_roller import meta_schedule as rms
-    from tvm_roller.suite import workloads
+    from tvm_roller.tools.suite import workloads
 
     cls, idx = workloads.parse_workload(name)[0]
     func = workloads.create(cls, idx)
@@ -182,11 +182,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     sys.path.insert(0, str(ROOT))
     import tvm_roller
-    from tvm_roller.suite import workloads
+    from tvm_roller.tools.suite import workloads
 
     names = [workloads.workload_name(c, i) for c, i in workloads.list_workloads(args.workloads)]
-    target = tvm_roller.api.resolve_target(json.loads(args.target) if args.target
-                                           else {"kind": "llvm"})[0]
+    target = tvm_roller.hardware.normalize_target(json.loads(args.target) if args.target
+                                                  else {"kind": "llvm"})
     work_root = Path(args.work_dir or tempfile.mkdtemp(prefix="warm_start_"))
     work_root.mkdir(parents=True, exist_ok=True)
     data: Dict[str, Any] = {

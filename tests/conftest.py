@@ -70,7 +70,7 @@ def _nvcc_checks_cuda_builds(monkeypatch):
     import tvm
 
     import tvm_roller
-    from tvm_roller import api, relax
+    from tvm_roller import relax
     from tvm_roller.backends.registry import backend_for, has_backend
 
     def checked(build):
@@ -78,7 +78,7 @@ def _nvcc_checks_cuda_builds(monkeypatch):
             ex = build(mod, target, *args, **kwargs)
             tgt = tvm.target.Target(target)
             if has_backend(tgt) and backend_for(tgt).name == "cuda":
-                from tvm_roller.cuda_check import check_executable, nvcc_supports
+                from tvm_roller.tools.cuda_check import check_executable, nvcc_supports
                 from tvm_roller.hardware.gpu import target_cc
 
                 # TVM's default arch (sm_50) is one CUDA 13's nvcc no longer compiles for
@@ -87,7 +87,6 @@ def _nvcc_checks_cuda_builds(monkeypatch):
             return ex
         return wrapper
 
-    monkeypatch.setattr(api, "build", checked(api.build))
     monkeypatch.setattr(tvm_roller, "build", checked(tvm_roller.build))
     monkeypatch.setattr(relax, "compile", checked(relax.compile))
 

@@ -1,9 +1,15 @@
 """tvm-roller: ROLLER-style constructed schedules for Apache TVM.
 
 Builds a schedule from hardware-aligned tiles (rTiles) in well under a second instead of searching,
-for TVM's LLVM backend (CUDA follows). Plans offline from a device model: no live device needed.
+for TVM's LLVM (CPU) and CUDA backends. Plans offline from a device model: no live device needed.
+
+The public functions (``build``, ``explain``, ``plan``, ``schedule``) are the planner's
+(``tvm_roller.planner``); ``relax``, ``dlight`` and ``meta_schedule`` are the integrations. They
+load on first use, so importing one layer of the package never drags in the layers above it.
 """
-from tvm_roller._version_check import check_tvm_ffi as _check_tvm_ffi
+import importlib
+
+from tvm_roller.core.tvm_version import check_tvm_ffi as _check_tvm_ffi
 from tvm_roller.core.version import __version__
 
 _check_tvm_ffi()
@@ -21,13 +27,25 @@ def _default_thread_count() -> None:
 
 _default_thread_count()
 
-# (these cost ~nothing once tvm is imported)
-from tvm_roller import dlight, hardware, relax  # noqa: E402
-from tvm_roller.api import plan, schedule  # noqa: E402
-# build and explain take static functions and functions with symbolic extents alike
-from tvm_roller.dynamic import build, explain  # noqa: E402
-from tvm_roller.core.errors import FallbackWarning, UnsupportedError  # noqa: E402
-from tvm_roller.core.rtile import RTile  # noqa: E402
+# name -> the module that defines it (a module itself where the name is a submodule)
+_PUBLIC = {
+    "build": "tvm_roller.planner.api", "explain": "tvm_roller.planner.api",
+    "plan": "tvm_roller.planner.api", "schedule": "tvm_roller.planner.api",
+    "UnsupportedError": "tvm_roller.core.errors", "FallbackWarning": "tvm_roller.core.errors",
+    "RTile": "tvm_roller.core.rtile",
+    "hardware": None, "dlight": None, "relax": None, "meta_schedule": None, "planner": None,
+}
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'tvm_roller' has no attribute {name!r}")
+    where = _PUBLIC[name]
+    value = importlib.import_module(f"tvm_roller.{name}") if where is None else \
+        getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["schedule", "build", "explain", "plan", "UnsupportedError", "FallbackWarning", "RTile",
-           "hardware", "dlight", "relax", "__version__"]
+           "hardware", "dlight", "relax", "meta_schedule", "__version__"]

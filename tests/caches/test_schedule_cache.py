@@ -1,4 +1,4 @@
-"""Tests of tvm_roller.schedule_cache: hits give the same tiles and correct kernels, keys follow the
+"""Tests of tvm_roller.cache.schedules: hits give the same tiles and correct kernels, keys follow the
 target / device constants / version, bad files are misses (never crashes or wrong kernels), and
 concurrent writer processes leave only complete files.
 
@@ -23,11 +23,22 @@ import tvm_ffi
 from tvm import te
 
 import tvm_roller
-from tvm_roller import schedule_cache as sc
-from tvm_roller.api import apply
-from tvm_roller.hardware import normalize_target
 import tvm_roller.core.version
-from tvm_roller.schedule_cache import CacheWarning, ScheduleCache, cached_plan, cached_schedule
+from tvm_roller.cache import keys
+from tvm_roller.cache import schedules as sc
+from tvm_roller.cache.schedules import CacheWarning, ScheduleCache
+from tvm_roller.hardware import normalize_target
+from tvm_roller.planner import Context, apply, plan_and_lower
+
+
+def cached_plan(func, target, topk=1, device=None, cache=None):
+    """The planner's plan through a schedule cache."""
+    return tvm_roller.plan(func, target, topk, device, cache)
+
+
+def cached_schedule(func, target, device=None, cache=None):
+    """The planner's plan through a schedule cache, its best tile lowered."""
+    return plan_and_lower(func, Context.make(target, device, cache))
 
 
 def _h():
@@ -74,7 +85,7 @@ def _rewrite(path: Path, mutate) -> None:
     entry = json.loads(path.read_text())
     entry.pop("checksum")
     mutate(entry)
-    entry["checksum"] = sc._sha256(sc._canonical(entry))
+    entry["checksum"] = keys.sha256(keys.canonical(entry))
     path.write_text(json.dumps(entry))
 
 
@@ -90,7 +101,7 @@ def test_hit_after_put_gives_same_tiles_and_correct_kernel(tmp_path, wl):
         p1 = cached_plan(func, h.TARGET, device=dev, cache=first)
         assert first.stats() == {"hits": 0, "misses": 1, "corrupt": 0, "stale": 0, "writes": 1,
                                  "write_errors": 0}
-        assert first.path(func, h.TARGET, dev).is_file()
+        assert first.path(func, normalize_target(h.TARGET), dev).is_file()
 
         again = ScheduleCache(tmp_path)  # a new compile (process) reading the same directory
         p2 = cached_plan(func, h.TARGET, device=dev, cache=again)
@@ -112,14 +123,14 @@ def test_renamed_function_shares_the_entry(tmp_path):
     dev = h.device()
     cache = ScheduleCache(tmp_path)
     func = _gemm()[0]
-    key = cache.key(func, h.TARGET, dev)
-    assert cache.key(func.with_attr("global_symbol", "fused_matmul7"), h.TARGET, dev) == key
-    assert cache.key(func.without_attr("global_symbol"), h.TARGET, dev) == key
-    assert cache.key(tvm.IRModule({"other": func}), h.TARGET, dev) == key
+    key = cache.key(func, normalize_target(h.TARGET), dev)
+    assert cache.key(func.with_attr("global_symbol", "fused_matmul7"), normalize_target(h.TARGET), dev) == key
+    assert cache.key(func.without_attr("global_symbol"), normalize_target(h.TARGET), dev) == key
+    assert cache.key(tvm.IRModule({"other": func}), normalize_target(h.TARGET), dev) == key
     renamed = _gemm(names=("X", "W", "Y"))[0]
-    assert cache.key(renamed, h.TARGET, dev) == key
-    assert cache.key(_gemm(37, 53, 30)[0], h.TARGET, dev) != key
-    assert cache.key(func.with_attr("tirx.noalias", False), h.TARGET, dev) != key
+    assert cache.key(renamed, normalize_target(h.TARGET), dev) == key
+    assert cache.key(_gemm(37, 53, 30)[0], normalize_target(h.TARGET), dev) != key
+    assert cache.key(func.with_attr("tirx.noalias", False), normalize_target(h.TARGET), dev) != key
 
     cached_plan(func, h.TARGET, device=dev, cache=cache)
     p = cached_plan(renamed, h.TARGET, device=dev, cache=cache)
@@ -132,27 +143,27 @@ def test_key_follows_target_device_and_version(tmp_path, monkeypatch):
     dev = h.device()
     cache = ScheduleCache(tmp_path)
     func = _gemm()[0]
-    key = cache.key(func, h.TARGET, dev)
+    key = cache.key(func, normalize_target(h.TARGET), dev)
     # the same target spelled differently is the same key
     assert cache.key(func, normalize_target(h.TARGET), dev) == key
-    assert cache.key(func, json.dumps(h.TARGET), dev) == key
+    assert cache.key(func, normalize_target(json.dumps(h.TARGET)), dev) == key
 
-    assert cache.key(func, dict(h.TARGET, **{"num-cores": 1}), dev) != key
-    assert cache.key(func, dict(h.TARGET, mcpu="x86-64-v3"), dev) != key
+    assert cache.key(func, normalize_target(dict(h.TARGET, **{"num-cores": 1})), dev) != key
+    assert cache.key(func, normalize_target(dict(h.TARGET, mcpu="x86-64-v3")), dev) != key
 
     dram = dataclasses.replace(dev.levels[-1], bandwidth_gbs=dev.levels[-1].bandwidth_gbs * 1.01)
-    assert cache.key(func, h.TARGET, dataclasses.replace(dev, levels=dev.levels[:-1] + [dram])) \
+    assert cache.key(func, normalize_target(h.TARGET), dataclasses.replace(dev, levels=dev.levels[:-1] + [dram])) \
         != key
     peak = {k: v * 0.99 for k, v in dev.peak_gflops.items()}
-    assert cache.key(func, h.TARGET, dataclasses.replace(dev, peak_gflops=peak)) != key
-    assert cache.key(func, h.TARGET, dataclasses.replace(dev, num_units=dev.num_units + 1)) != key
+    assert cache.key(func, normalize_target(h.TARGET), dataclasses.replace(dev, peak_gflops=peak)) != key
+    assert cache.key(func, normalize_target(h.TARGET), dataclasses.replace(dev, num_units=dev.num_units + 1)) != key
     # provenance alone is not a device constant
-    assert cache.key(func, h.TARGET, dataclasses.replace(dev, source="calibrated:/x.json")) == key
+    assert cache.key(func, normalize_target(h.TARGET), dataclasses.replace(dev, source="calibrated:/x.json")) == key
 
     monkeypatch.setattr(tvm_roller.core.version, "__version__", "99.0.0")
-    assert cache.key(func, h.TARGET, dev) != key
+    assert cache.key(func, normalize_target(h.TARGET), dev) != key
     monkeypatch.undo()
-    assert cache.key(func, h.TARGET, dev) == key
+    assert cache.key(func, normalize_target(h.TARGET), dev) == key
 
     # a recalibrated device is a miss, not the old schedule
     cached_plan(func, h.TARGET, device=dev, cache=cache)
@@ -209,7 +220,7 @@ def _wrong_key(path: Path) -> None:
     other = ScheduleCache(path.parent / "other")
     func = _gemm(16, 16, 16)[0]
     cached_plan(func, h.TARGET, device=h.device(), cache=other)
-    path.write_bytes(other.path(func, h.TARGET, h.device()).read_bytes())
+    path.write_bytes(other.path(func, normalize_target(h.TARGET), h.device()).read_bytes())
 
 
 def _foreign_tile(path: Path) -> None:
@@ -252,7 +263,7 @@ def test_bad_entry_is_a_miss_with_a_warning_and_a_correct_kernel(tmp_path, damag
     dev = h.device()
     cache = ScheduleCache(tmp_path)
     good = cached_plan(func, h.TARGET, device=dev, cache=cache)
-    path = cache.path(func, h.TARGET, dev)
+    path = cache.path(func, normalize_target(h.TARGET), dev)
     (BAD.get(damage) or STALE[damage])(path)
 
     with pytest.warns(CacheWarning, match="ignoring schedule cache entry"):
@@ -267,7 +278,7 @@ def test_bad_entry_is_a_miss_with_a_warning_and_a_correct_kernel(tmp_path, damag
     # the entry was rewritten: the next lookup is a clean hit
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
-        assert _tiles_json(cache.get(func, h.TARGET, dev)) == _tiles_json(good.tiles)
+        assert _tiles_json(cache.get(func, normalize_target(h.TARGET), dev)) == _tiles_json(good.tiles)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "wrong_key"])
@@ -275,13 +286,13 @@ def test_get_on_bad_file_returns_none_and_removes_it(tmp_path, damage):
     h = _h()
     func, dev = _gemm()[0], h.device()
     cache = ScheduleCache(tmp_path)
-    cache.put(func, h.TARGET, dev, tvm_roller.plan(func, h.TARGET, device=dev).tiles)
-    path = cache.path(func, h.TARGET, dev)
+    cache.put(func, normalize_target(h.TARGET), dev, tvm_roller.plan(func, h.TARGET, device=dev).tiles)
+    path = cache.path(func, normalize_target(h.TARGET), dev)
     BAD[damage](path)
     with pytest.warns(CacheWarning):
-        assert cache.get(func, h.TARGET, dev) is None
+        assert cache.get(func, normalize_target(h.TARGET), dev) is None
     assert not path.exists()
-    assert cache.get(func, h.TARGET, dev) is None  # now a plain miss, no second warning
+    assert cache.get(func, normalize_target(h.TARGET), dev) is None  # now a plain miss, no second warning
 
 
 def test_unreadable_and_unwritable_cache_do_not_crash(tmp_path):
@@ -290,7 +301,7 @@ def test_unreadable_and_unwritable_cache_do_not_crash(tmp_path):
     dev = h.device()
     # a directory where the entry file should be: cannot be read, removed or replaced
     cache = ScheduleCache(tmp_path / "c")
-    path = cache.path(func, h.TARGET, dev)
+    path = cache.path(func, normalize_target(h.TARGET), dev)
     (path / "x").mkdir(parents=True)
     with pytest.warns(CacheWarning):
         cs = cached_schedule(func, h.TARGET, device=dev, cache=cache)
@@ -309,14 +320,14 @@ def test_put_leaves_no_temporary_files(tmp_path, monkeypatch):
     func, dev = _gemm()[0], h.device()
     tiles = tvm_roller.plan(func, h.TARGET, device=dev).tiles
     cache = ScheduleCache(tmp_path)
-    shard = cache.path(func, h.TARGET, dev).parent
+    shard = cache.path(func, normalize_target(h.TARGET), dev).parent
     shard.mkdir(parents=True)
     old, fresh = shard / ".dead.abc.tmp", shard / ".inflight.def.tmp"
     old.write_text("{")
     fresh.write_text("{")
     two_hours_ago = time.time() - 7200
     os.utime(old, (two_hours_ago, two_hours_ago))
-    cache.put(func, h.TARGET, dev, tiles)
+    cache.put(func, normalize_target(h.TARGET), dev, tiles)
     assert not old.exists() and fresh.exists()  # a writer still in flight is left alone
     fresh.unlink()
 
@@ -325,9 +336,9 @@ def test_put_leaves_no_temporary_files(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sc.os, "replace", failing_replace)
     with pytest.raises(OSError):
-        cache.put(func, h.TARGET, dev, tiles)
+        cache.put(func, normalize_target(h.TARGET), dev, tiles)
     monkeypatch.undo()
-    assert [p.name for p in shard.iterdir()] == [cache.path(func, h.TARGET, dev).name]
+    assert [p.name for p in shard.iterdir()] == [cache.path(func, normalize_target(h.TARGET), dev).name]
 
 
 def test_fresh_plans_pass_the_tile_check():
@@ -355,7 +366,7 @@ def _writer(directory: str, target: dict, worker: int, rounds: int, code_digest:
     warnings.simplefilter("error", CacheWarning)  # any damaged file seen is a failure
     # the parent's digest of roller's source: an edit in a shared checkout while the test runs
     # must not put the writers and the parent on different keys
-    sc.roller_code_digest = lambda parts=sc._TILE_CODE: code_digest
+    keys.roller_code_digest = lambda parts=keys.TILE_CODE: code_digest
     from tvm_roller.hardware import preset
 
     dev = preset("x86-avx512")
@@ -369,8 +380,8 @@ def _writer(directory: str, target: dict, worker: int, rounds: int, code_digest:
     seen = 0
     for _ in range(rounds):
         for (f, d), tiles in zip(jobs, expect):
-            cache.put(f, target, d, [tvm_roller.RTile.from_json(t) for t in tiles])
-            got = cache.get(f, target, d)
+            cache.put(f, normalize_target(target), d, [tvm_roller.RTile.from_json(t) for t in tiles])
+            got = cache.get(f, normalize_target(target), d)
             assert got is not None and _tiles_json(got) == tiles
             seen += 1
     results.put({"worker": worker, "checked": seen, "loop_s": round(time.perf_counter() - t0, 2),
@@ -383,7 +394,7 @@ def test_concurrent_writers_leave_complete_files(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), h.TARGET, w, rounds,
-                                               sc.roller_code_digest(), start, results))
+                                               keys.roller_code_digest(), start, results))
              for w in (1, 2)]
     t0 = time.perf_counter()
     for pr in procs:
@@ -416,7 +427,7 @@ def test_concurrent_writers_leave_complete_files(tmp_path):
         for w in (1, 2):
             own = dataclasses.replace(dev, peak_gflops={k: v * (1 + w / 10)
                                                         for k, v in dev.peak_gflops.items()})
-            assert cache.get(_gemm()[0], h.TARGET, own) is not None
+            assert cache.get(_gemm()[0], normalize_target(h.TARGET), own) is not None
     assert cache.stats()["corrupt"] == 0
 
 
@@ -494,7 +505,7 @@ def test_cuda_cached_tile_that_does_not_fit_is_replanned(tmp_path):
     cache = ScheduleCache(tmp_path)
     func = _gemm_nt()
     fresh = cached_schedule(func, target, device=dev, cache=cache)
-    path = cache.path(func, target, dev)
+    path = cache.path(func, normalize_target(target), dev)
     _rewrite(path, lambda e: e["tiles"][0].update(threads=0))  # no threads: not a block tile
     with pytest.warns(CacheWarning, match="does not fit"):
         got = cached_schedule(func, target, device=dev, cache=cache)

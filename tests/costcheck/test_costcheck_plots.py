@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tvm_roller.costcheck.dataset import Candidate, save_dataset
-from tvm_roller.costcheck.report import PLOTS_HINT, build_report, plot
+from tvm_roller.tools.costcheck.dataset import Candidate, save_dataset
+from tvm_roller.tools.costcheck.report import PLOTS_HINT, build_report, plot
 
 
 def _cands():
@@ -22,7 +22,7 @@ def _cands():
 
 
 def test_costcheck_without_matplotlib(tmp_path, monkeypatch, capsys):
-    from tvm_roller.cli import main
+    from tvm_roller.tools.cli import main
 
     ds = tmp_path / "dataset.json"
     save_dataset(str(ds), _cands(), {"target": "llvm"})

@@ -11,13 +11,19 @@ import pytest
 import tvm
 
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.ffi import plain
 from tvm_roller.hardware import (CpuTraits, DeviceModel, GpuTraits, MemoryLevel, cache_dir,
                                  calibrate, list_presets, normalize_target, preset,
                                  target_completion_notes)
-from tvm_roller.backends.registry import device_model
+from tvm_roller.planner import Context
 from tvm_roller.hardware.cpu import from_target
-from tvm_roller.hardware import cache as hw_cache
+from tvm_roller.hardware import calibration_store as hw_cache
 from tvm_roller.hardware import cpu as hw_cpu
+
+
+def device_model(target):
+    """The device model of a target, as the planner's context makes it."""
+    return Context.make(target).device
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +34,7 @@ def private_cache(tmp_path, monkeypatch):
 
 
 def _attrs(target: tvm.target.Target) -> dict:
-    return json.loads(json.dumps(hw_cpu.plain(target.export())))
+    return json.loads(json.dumps(plain(target.export())))
 
 
 # -- presets ----------------------------------------------------------------------------------
@@ -149,7 +155,7 @@ def test_normalize_cross_target_not_completed_from_host():
 
 # -- from_target ------------------------------------------------------------------------------
 def test_from_target_skylake_avx512():
-    m = from_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    m = from_target(normalize_target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}))
     assert (m.simd_bytes, m.num_vector_registers, m.isa, m.num_units) == (64, 32, "avx512", 2)
     assert m.source.startswith("estimated")
     fma = m.cpu.fma_units
@@ -158,8 +164,8 @@ def test_from_target_skylake_avx512():
 
 
 def test_from_target_arm_is_neon():
-    m = from_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
-                     "num-cores": 4})
+    m = from_target(normalize_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1",
+                     "num-cores": 4}))
     assert (m.isa, m.simd_bytes, m.num_vector_registers, m.num_units) == ("neon", 16, 32, 4)
     assert "float16" in m.peak_gflops
 
@@ -169,15 +175,15 @@ def test_from_target_isa_table_without_llvm_query(monkeypatch):
         raise RuntimeError("feature query unavailable")
 
     monkeypatch.setattr(hw_cpu._cg, "llvm_get_cpu_features", no_query)
-    assert from_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}).isa == "avx512"
-    assert from_target({"kind": "llvm", "mcpu": "znver2", "num-cores": 2}).simd_bytes == 32
-    assert from_target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2}).simd_bytes == 16
+    assert from_target(normalize_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})).isa == "avx512"
+    assert from_target(normalize_target({"kind": "llvm", "mcpu": "znver2", "num-cores": 2})).simd_bytes == 32
+    assert from_target(normalize_target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2})).simd_bytes == 16
 
 
 def test_from_target_host_without_sys(monkeypatch, tmp_path):
     monkeypatch.setattr(hw_cpu, "SYS_CPU", tmp_path / "no-sys")
     monkeypatch.setattr(hw_cpu, "PROC_CPUINFO", tmp_path / "no-cpuinfo")
-    m = from_target({"kind": "llvm", "num-cores": 2})  # the host's mcpu, but no /sys, no /proc
+    m = from_target(normalize_target({"kind": "llvm", "num-cores": 2}))  # the host's mcpu, but no /sys, no /proc
     assert m.num_units == 2 and m.levels[-1].name == "DRAM"
     assert all(l.bandwidth_gbs > 0 and l.capacity_bytes > 0 for l in m.levels)
     assert m.frequency_ghz > 0 and m.peak_gflops["float32"] > 0
@@ -191,7 +197,7 @@ def test_from_target_gpu_kinds():
 
 # -- cache ------------------------------------------------------------------------------------
 def _fake_calibrated(cores: int) -> DeviceModel:
-    m = from_target({"kind": "llvm", "num-cores": cores}, use_cache=False)
+    m = from_target(normalize_target({"kind": "llvm", "num-cores": cores}), use_cache=False)
     m.levels = [MemoryLevel(l.name, l.capacity_bytes, l.line_bytes, l.bandwidth_gbs * 0.5, l.shared)
                 for l in m.levels]
     return m
@@ -210,7 +216,7 @@ def test_old_cache_file_with_extra_is_used(private_cache):
     path.write_text(json.dumps(payload), encoding="utf-8")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = from_target({"kind": "llvm", "num-cores": 2})
+        got = from_target(normalize_target({"kind": "llvm", "num-cores": 2}))
     assert got.source == f"calibrated:{path}"
     assert got.cpu == dataclasses.replace(fake.cpu, calibration_seconds=1.5)
     assert got.levels == fake.levels
@@ -221,11 +227,11 @@ def test_cache_round_trip_is_used_by_from_target(private_cache):
     fake = _fake_calibrated(2)
     path = hw_cache.save_calibration(key, fake)
     assert path.parent.parent == private_cache and not list(path.parent.glob("*.tmp"))
-    got = from_target({"kind": "llvm", "num-cores": 2})
+    got = from_target(normalize_target({"kind": "llvm", "num-cores": 2}))
     assert got.source == f"calibrated:{path}"
     assert [l.bandwidth_gbs for l in got.levels] == [l.bandwidth_gbs for l in fake.levels]
     # a different core count is a different key: estimated again
-    assert from_target({"kind": "llvm", "num-cores": 3}).source.startswith("estimated")
+    assert from_target(normalize_target({"kind": "llvm", "num-cores": 3})).source.startswith("estimated")
 
 
 @pytest.mark.parametrize("content", ["{\"format\": 1, \"key\": \"k\", \"model\": {\"na",
@@ -237,7 +243,7 @@ def test_corrupted_cache_is_ignored_with_warning(content):
     with pytest.warns(UserWarning, match="ignoring unreadable calibration cache"):
         assert hw_cache.load_calibration(key) is None
     with pytest.warns(UserWarning):
-        m = from_target({"kind": "llvm", "num-cores": 2})
+        m = from_target(normalize_target({"kind": "llvm", "num-cores": 2}))
     assert m.source.startswith("estimated")
 
 
@@ -258,7 +264,7 @@ def test_quick_calibration_measures_something(private_cache):
     assert path.is_file() and private_cache in path.parents
     assert 1.0 < m.peak_gflops["float32"] < 1e5
     assert all(0.1 < l.bandwidth_gbs < 1e5 for l in m.levels)
-    assert from_target({"kind": "llvm", "num-cores": m.num_units}).source == m.source
+    assert from_target(normalize_target({"kind": "llvm", "num-cores": m.num_units})).source == m.source
 
 
 def test_calibrate_refuses_foreign_targets():
@@ -266,7 +272,7 @@ def test_calibrate_refuses_foreign_targets():
         calibrate({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"})
     with pytest.raises(UnsupportedError):
         calibrate("nvidia/nvidia-h100")
-    if "amx-tile" not in hw_cpu.detect_isa({"kind": "llvm", "mcpu": hw_cpu.host_cpu()})[1]:
+    if "amx-tile" not in hw_cpu.detect_isa(normalize_target({"kind": "llvm", "mcpu": hw_cpu.host_cpu()}))[1]:
         # an ISA this host lacks would SIGILL in the kernels: refused before running anything
         with pytest.raises(UnsupportedError, match="lacks"):
             calibrate({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 1})
@@ -276,7 +282,7 @@ def test_calibrate_refuses_foreign_targets():
 def _fake_calibration(calls):
     def fake(target=None, quick=False, save=True):
         calls.append((quick, save))
-        m = dataclasses.replace(from_target(target, use_cache=False), source="calibrated:fake")
+        m = dataclasses.replace(from_target(normalize_target(target), use_cache=False), source="calibrated:fake")
         m.cpu = dataclasses.replace(m.cpu, tile_gflops={"4x1": 100.0})
         if save:
             key = hw_cache.calibration_key(hw_cpu.host_cpu(), _attrs(normalize_target(target))["mcpu"],
@@ -294,25 +300,25 @@ def _calibrate_module():
 def test_first_use_calibrates_once_and_caches(private_cache, monkeypatch):
     mod = _calibrate_module()
     calls = []
-    monkeypatch.setattr(mod, "calibrate", _fake_calibration(calls))
+    monkeypatch.setattr(mod, "measure", _fake_calibration(calls))
     monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
     host = {"kind": "llvm"}
-    first = mod.device_model(host)
+    first = mod.device_model(normalize_target(host))
     assert calls == [(True, True)] and first.source.startswith("calibrated:")
-    again = mod.device_model(host)  # the cache answers: no second measurement
+    again = mod.device_model(normalize_target(host))  # the cache answers: no second measurement
     assert calls == [(True, True)] and again.cpu.tile_gflops == {"4x1": 100.0}
 
 
 def test_first_use_calibration_off_or_foreign_target(private_cache, monkeypatch):
     mod = _calibrate_module()
     calls = []
-    monkeypatch.setattr(mod, "calibrate", _fake_calibration(calls))
+    monkeypatch.setattr(mod, "measure", _fake_calibration(calls))
     monkeypatch.setenv(mod.CALIBRATE_ENV, "0")
-    assert mod.device_model({"kind": "llvm"}).source.startswith("estimated")
+    assert mod.device_model(normalize_target({"kind": "llvm"})).source.startswith("estimated")
     monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
     # not this machine's CPU: nothing to measure it on
-    assert mod.device_model({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu",
-                             "num-cores": 4}).source.startswith("estimated")
+    assert mod.device_model(normalize_target({"kind": "llvm", "mcpu": "cortex-a72", "mtriple": "aarch64-linux-gnu",
+                             "num-cores": 4})).source.startswith("estimated")
     assert calls == []
 
 
@@ -322,8 +328,8 @@ def test_first_use_calibration_failure_is_reported(private_cache, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("calibration process failed (exit -11)")
 
-    monkeypatch.setattr(mod, "calibrate", broken)
+    monkeypatch.setattr(mod, "measure", broken)
     monkeypatch.setenv(mod.CALIBRATE_ENV, "1")
     with pytest.warns(UserWarning, match="first use failed.*exit -11"):
-        m = mod.device_model({"kind": "llvm"})
+        m = mod.device_model(normalize_target({"kind": "llvm"}))
     assert m.source.startswith("estimated")

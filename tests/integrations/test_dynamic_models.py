@@ -14,14 +14,14 @@ from tvm import relax, te
 
 import tvm_roller
 import tvm_roller.relax as rr
-from tvm_roller.compile_model import import_torch
-from tvm_roller.relax_passes.shape_bounds import bound_shapes_pass
-from tvm_roller.relax_passes.workarounds import workarounds_pass
+from tvm_roller.integrations.pytorch import import_torch
+from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
+from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass
 
 from conftest import cuda_target
 
 pytest.importorskip("transformers")
-from tvm_roller.examples import hf_models  # noqa: E402  (needs transformers)
+from tvm_roller.tools.examples import hf_models  # noqa: E402  (needs transformers)
 
 TARGET = tvm_roller.hardware.normalize_target("llvm")
 

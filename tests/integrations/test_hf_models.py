@@ -11,16 +11,17 @@ import torch
 import tvm
 from tvm import relax
 
-from tvm_roller.backends.registry import device_model
 import tvm_roller
 import tvm_roller.relax as rr
 from tvm_roller.analysis.visit import post_order_visit
-from tvm_roller.compile_model import import_torch
+from tvm_roller.planner import Context, schedule_function
+from tvm_roller.planner import schedule as planner_schedule
+from tvm_roller.integrations.pytorch import import_torch
 
 from conftest import rel_err
 
 pytest.importorskip("transformers")
-from tvm_roller.examples import hf_models  # noqa: E402  (needs transformers)
+from tvm_roller.tools.examples import hf_models  # noqa: E402  (needs transformers)
 
 TARGET = tvm_roller.hardware.normalize_target("llvm")
 
@@ -74,7 +75,7 @@ def _block_names(func) -> str:
 
 def _inject(monkeypatch, when):
     """Make roller's scheduling of the functions ``when(func)`` selects raise a plain error."""
-    real = rr._schedule_one
+    real = planner_schedule.plan_and_lower
     hit = []
 
     def failing(func, *args):
@@ -83,7 +84,7 @@ def _inject(monkeypatch, when):
             raise RuntimeError("injected failure")
         return real(func, *args)
 
-    monkeypatch.setattr(rr, "_schedule_one", failing)
+    monkeypatch.setattr(planner_schedule, "plan_and_lower", failing)
     return hit
 
 
@@ -112,12 +113,12 @@ def test_failing_multi_operator_function_is_built_as_its_operators(monkeypatch):
     """A function with two matmuls roller fails on as a whole (e.g. a chain group) is
     un-grouped: its operators are scheduled one by one, not dropped to TVM's default."""
     from conftest import chain_inputs, chain_reference
-    from tvm_roller.fusion.workloads import gemm_chain
+    from tvm_roller.tools.bench.chains import gemm_chain
 
     func = gemm_chain([3], 37, 16, 29, 24, "softmax")
     hit = _inject(monkeypatch, lambda f: _reductions(f) >= 3)
-    new, entry = rr.schedule_function("chain", func, TARGET, device_model(
-        TARGET))
+    res = schedule_function(func, Context.make(TARGET), "chain")
+    new, entry = res.kernel, res.entry
     assert hit and new is not None
     assert entry.status == "roller" and entry.kind == "operators"
     assert entry.fallback == "error" and "injected failure" in entry.reason

@@ -106,7 +106,7 @@ def test_predicted_records_compile_through_compile_tir(tmp_path):
     # a fresh database object reads the files back; TVM's compile_tir picks the best record
     sch = ms.tir_integration.compile_tir(ms.database.JSONDatabase(work_dir=str(wd)), func, TGT)
     assert sch is not None
-    best = tvm_roller.api.apply(plan, plan.tiles[0])
+    best = tvm_roller.planner.apply(plan, plan.tiles[0])
     assert [list(map(int, d)) for d in sch.trace.decisions.values()] == \
         [list(map(int, d)) for d in best.trace.decisions.values()]
     _run_schedule(sch, m, n, k)
@@ -324,7 +324,7 @@ def test_seed_descendants_finds_mutated_tile_sizes(tmp_path):
     seed = rms.trial_records(wd)[0]
     # what MutateTileSize does: move a factor between two positions of one tile decision
     plan = tvm_roller.plan(func, TARGET, device=device())
-    sch = tvm_roller.api.apply(plan, plan.tiles[0])
+    sch = tvm_roller.planner.apply(plan, plan.tiles[0])
     insts, decisions = sch.trace.as_json()
     idx, dec = next((int(i), list(d)) for i, d in decisions
                     if insts[int(i)][0] == "SamplePerfectTile" and max(d) > 1)

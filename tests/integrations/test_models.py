@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tvm_roller.compile_model import compile_model, load_factory
-from tvm_roller.examples import models
+from tvm_roller.tools.compile_model import compile_model, load_factory
+from tvm_roller.tools.examples import models
 
 
 @pytest.mark.parametrize("name", ["mlp", "bert_layer", "resnet_cnn"])
@@ -24,8 +24,8 @@ def test_example_model_matches_pytorch(name):
 
 def test_cli_compile_model(tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "tvm_roller.cli", "compile-model",
-                           "tvm_roller.examples.models:mlp", "--input-shape", "3,784",
+    proc = subprocess.run([sys.executable, "-m", "tvm_roller.tools.cli", "compile-model",
+                           "tvm_roller.tools.examples.models:mlp", "--input-shape", "3,784",
                            "--no-tvm-default", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -34,14 +34,14 @@ def test_cli_compile_model(tmp_path):
     assert data["input_shape"] == [3, 784] and data["max_abs_err"] <= 1e-3
 
 
-@pytest.mark.parametrize("spec", ["nocolon", "tvm_roller.examples.models:nope", "no_such_mod:f"])
+@pytest.mark.parametrize("spec", ["nocolon", "tvm_roller.tools.examples.models:nope", "no_such_mod:f"])
 def test_bad_factory_spec(spec):
     with pytest.raises(ValueError):
         load_factory(spec)
 
 
 def test_cli_bad_input_shape():
-    proc = subprocess.run([sys.executable, "-m", "tvm_roller.cli", "compile-model",
-                           "tvm_roller.examples.models:mlp", "--input-shape", "3,x"],
+    proc = subprocess.run([sys.executable, "-m", "tvm_roller.tools.cli", "compile-model",
+                           "tvm_roller.tools.examples.models:mlp", "--input-shape", "3,x"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "--input-shape" in proc.stderr

@@ -189,7 +189,7 @@ def test_module_cache_hit_then_corruption(tmp_path, monkeypatch):
     bad = libs[0].with_name("truncated.tmp-lib")
     bad.write_bytes(libs[0].read_bytes()[:1000])
     os.replace(bad, libs[0])
-    from tvm_roller.schedule_cache import CacheWarning
+    from tvm_roller.cache.schedules import CacheWarning
 
     with pytest.warns(CacheWarning, match="checksum"):
         ex3 = rr.compile(mod, TARGET, [], device=device())
@@ -235,7 +235,7 @@ def test_two_concurrent_compiles_share_the_caches(tmp_path):
 
 # -- fast math ------------------------------------------------------------------------------------
 def test_rational_erf_accuracy():
-    from tvm_roller.relax_passes.fast_math import erf_expr
+    from tvm_roller.integrations.relax.passes.fast_math import erf_expr
 
     X = te.placeholder((4001,), "float32", name="X")
     Y = te.compute((4001,), lambda i: erf_expr(X[i]), name="Y")

@@ -1,4 +1,4 @@
-"""Functions with symbolic extents (``tvm_roller.dynamic``): one compile serves every value of
+"""Functions with symbolic extents (``tvm_roller.planner.buckets``): one compile serves every value of
 the shape variables, each bucket's kernel matches a float64 reference (sizes 1, primes, odd,
 at and above the bounds), the buckets follow the bounds or the user, and what cannot be
 planned is a typed decline."""
@@ -10,7 +10,8 @@ import tvm
 from tvm import te, topi
 
 import tvm_roller
-from tvm_roller import dynamic
+from tvm_roller.planner import Context
+from tvm_roller.planner import buckets as dynamic
 from tvm_roller.analysis import symbolic
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import worst_padding_waste
@@ -51,7 +52,7 @@ def test_bucket_task_tiles_weigh_the_run_time_padding():
     the bucket counted in the prediction (the static policy's 256-row task tile at 512 rows
     would double the work at 257), and a bucket that still pads too much is split, within
     the bucket budget."""
-    dp = dynamic.plan_dynamic(_matmul(768, 768), TARGET, device(), bounds={"n": (1, 512)})
+    dp = dynamic.plan_dynamic(_matmul(768, 768), Context.make(TARGET, device()), bounds={"n": (1, 512)})
     tiles = [c.plan.tiles[0] for c in dp.cases]
     assert all(any("bucket padding" in n for n in t.notes) for t in tiles)
     assert tiles[-1].bucket_waste <= 0.5
@@ -60,7 +61,7 @@ def test_bucket_task_tiles_weigh_the_run_time_padding():
         == pytest.approx(tiles[-1].bucket_waste)
     # refined until the budget is spent or every bucket pads little
     assert len(dp.cases) <= dynamic.MAX_BUCKETS
-    planned = dynamic.plan_dynamic(_matmul(768, 768), TARGET, device(),
+    planned = dynamic.plan_dynamic(_matmul(768, 768), Context.make(TARGET, device()),
                                    bounds={"n": (1, 512)}, buckets={"n": [16, 512]})
     assert len(planned.cases) > 2  # the two given buckets pad too much: split
 
@@ -78,7 +79,7 @@ def test_specialize_evaluates_shapes_and_binds_scalars():
 @pytest.mark.parametrize("sizes", [(1, 2, 7, 13, 64, 97, 200, 211)])
 def test_dynamic_matmul_matches_float64_at_every_size(sizes):
     f = _matmul()
-    dp = dynamic.plan_dynamic(f, TARGET, device(), bounds={"n": (1, 200)})
+    dp = dynamic.plan_dynamic(f, Context.make(TARGET, device()), bounds={"n": (1, 200)})
     assert len(dp.cases) > 1 and dp.cases[-1].ranges[-1][2] is None
     # the kernels pad the dynamic rows to their task tile
     assert all(c.plan.analysis.dynamic_axes == (0,) for c in dp.cases)
@@ -146,7 +147,7 @@ def test_two_shape_variables():
     r = te.reduce_axis((0, 32), "r")
     Y = te.compute((b, n, 40), lambda i, j, c: te.sum(X[i, j, r] * W[r, c], axis=r), "Y")
     f = te.create_prim_func([X, W, Y])
-    dp = dynamic.plan_dynamic(f, TARGET, device(), bounds={"b": (1, 4), "n": (1, 64)})
+    dp = dynamic.plan_dynamic(f, Context.make(TARGET, device()), bounds={"b": (1, 4), "n": (1, 64)})
     assert set(dp.variables) == {"b", "n"} and len(dp.cases) <= dynamic.MAX_BUCKETS
     lib = tvm_roller.build(f, TARGET, device=device(), bounds={"b": (1, 4), "n": (1, 64)})
     for bb, nn in ((1, 1), (3, 7), (4, 64), (2, 33)):
@@ -168,7 +169,7 @@ def test_a_variable_only_inside_expressions_is_a_typed_decline():
     Y = te.compute((n + 1, 8), lambda i, j: X[i, j] * 2.0, name="Y")
     f = te.create_prim_func([X, Y])
     with pytest.raises(UnsupportedError, match="only inside shape expressions"):
-        dynamic.plan_dynamic(f, TARGET, device())
+        dynamic.plan_dynamic(f, Context.make(TARGET, device()))
     # (TVM's own build cannot define n either: there is nothing to fall back to)
 
 
@@ -177,7 +178,7 @@ def test_a_static_function_still_goes_through_the_static_planner():
     B = te.compute((5, 7), lambda i, j: A[i, j] + 1.0, name="B")
     f = te.create_prim_func([A, B])
     with pytest.raises(ValueError, match="static shapes"):
-        dynamic.plan_dynamic(f, TARGET, device())
+        dynamic.plan_dynamic(f, Context.make(TARGET, device()))
     lib = tvm_roller.build(f, TARGET, device=device())
     a = rand((5, 7))
     assert rel_err(run(lib, [a], (5, 7), "float32"), a.astype("float64") + 1) < 1e-6
@@ -190,12 +191,12 @@ def test_partial_sums_over_a_symbolic_extent_are_refused():
     from tvm import s_tir
 
     from tvm_roller.analysis.schedule import plain_splits
-    from tvm_roller.api import lower
+    from tvm_roller.planner import lower
 
     n = te.var("n", "int64")
     X = te.placeholder((_i64(4), n, n), "float32", "X")
     f = te.create_prim_func([X, topi.nn.softmax(X, axis=-1)])
-    dp = dynamic.plan_dynamic(f, TARGET, device(), bounds={"n": (1, 256)})
+    dp = dynamic.plan_dynamic(f, Context.make(TARGET, device()), bounds={"n": (1, 256)})
     case = dp.cases[-1]
     with plain_splits():  # recorded at the planned 256 itself, not at a representative
         trace = lower(case.plan, case.plan.tiles[0], traceable=True).schedule.trace

@@ -8,9 +8,10 @@ import pytest
 from tvm import te, topi
 
 import tvm_roller
-from tvm_roller.api import lower, plan
+from tvm_roller.planner import lower, plan
 from tvm_roller.backends.registry import backend_for
-from tvm_roller.fusion.workloads import gemm_chain
+from tvm_roller.hardware import normalize_target
+from tvm_roller.tools.bench.chains import gemm_chain
 
 from conftest import TARGET, device
 
@@ -44,7 +45,7 @@ CUDA = "nvidia/nvidia-h100"
 def test_each_function_gets_its_rule(name):
     make, rule = CASES[name]
     p = plan(make(), TARGET, topk=2, device=device())
-    assert p.rule.name == rule and p.rule is backend_for(TARGET).rule_for(p.analysis)
+    assert p.rule.name == rule and p.rule is backend_for(normalize_target(TARGET)).rule_for(p.analysis)
     assert all(t.kind == p.rule.tile_kind(p.analysis) for t in p.tiles)
 
 
@@ -52,7 +53,7 @@ def test_each_function_gets_its_rule(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_plan_is_frozen_and_lowering_changes_no_tile(name, target):
     func = CASES[name][0]()
-    kind = backend_for(target).analyze(func).kind  # the analysis's own view of the function
+    kind = backend_for(normalize_target(target)).analyze(func).kind  # the analysis's own view of the function
     p = plan(func, target, topk=2, device=None if target == CUDA else device())
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.tiles = ()

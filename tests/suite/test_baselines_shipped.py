@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tvm_roller
-from tvm_roller.suite import baselines, references, tune_baselines, workloads
+from tvm_roller.tools.suite import baselines, references, tune_baselines, workloads
 from conftest import REPO_ROOT
 
 
@@ -136,7 +136,7 @@ def test_suite_report_names_the_database(isolated, monkeypatch, capsys):
     """The header line and every JSON record say which database the MS column came from."""
     from tvm.s_tir import Schedule
 
-    from tvm_roller.suite.runner import run_suite
+    from tvm_roller.tools.suite.runner import run_suite
 
     monkeypatch.setattr(baselines, "host_has_avx512", lambda: True)
     tgt = _target()

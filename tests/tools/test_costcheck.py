@@ -12,10 +12,10 @@ from tvm import te
 
 import tvm_roller
 from tvm_roller.analysis import analyze
-from tvm_roller.api import apply
-from tvm_roller.costcheck.dataset import Candidate
-from tvm_roller.costcheck.report import build_report
-from tvm_roller.costcheck.sample import random_tiles
+from tvm_roller.planner import apply
+from tvm_roller.tools.costcheck.dataset import Candidate
+from tvm_roller.tools.costcheck.report import build_report
+from tvm_roller.tools.costcheck.sample import random_tiles
 from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, output_bytes
 from conftest import TARGET, assert_close, device, rand, run
 
@@ -96,7 +96,7 @@ def test_report_xgb_null_with_one_workload():
 
 def test_cli_costcheck(tmp_path):
     out = tmp_path / "cc"
-    proc = subprocess.run([sys.executable, "-m", "tvm_roller.cli", "costcheck", "--ops",
+    proc = subprocess.run([sys.executable, "-m", "tvm_roller.tools.cli", "costcheck", "--ops",
                            "GMM:0,NRM:0", "--out", str(out), "--n-top", "3", "--n-random", "4",
                            "--repeat", "2"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tvm_roller.random_cases import check_cpu, check_cuda
-from tvm_roller.random_cases.case import OK, Case
+from tvm_roller.tools.random_cases import check_cpu, check_cuda
+from tvm_roller.tools.random_cases.case import OK, Case
 
 # (family, dtype, params, what went wrong)
 CUDA_CASES = [

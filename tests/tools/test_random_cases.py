@@ -1,4 +1,4 @@
-"""The random-case harness (``tvm_roller.random_cases``): deterministic cases, a seeded sample
+"""The random-case harness (``tvm_roller.tools.random_cases``): deterministic cases, a seeded sample
 that must come out clean, and faults planted on purpose that it must catch and classify.
 
 The sample runs each case in an isolated worker, as ``python/random_cases.py`` does; the CUDA
@@ -14,11 +14,11 @@ import sys
 import pytest
 import tvm
 
-from tvm_roller.cuda_check import CheckReport, KernelBundle, PtxasReport
-from tvm_roller.cuda_check.build import KernelLaunch, KernelResources
+from tvm_roller.tools.cuda_check import CheckReport, KernelBundle, PtxasReport
+from tvm_roller.tools.cuda_check.build import KernelLaunch, KernelResources
 from tvm_roller.hardware import gpu
-from tvm_roller.random_cases import check_cuda, families, report, runner
-from tvm_roller.random_cases.case import (CRASH, ERROR, FAILURES, HANG, OK, WRONG, Case,
+from tvm_roller.tools.random_cases import check_cuda, families, report, runner
+from tvm_roller.tools.random_cases.case import (CRASH, ERROR, FAILURES, HANG, OK, WRONG, Case,
                                           Result)
 
 from conftest import REPO_ROOT

@@ -9,7 +9,7 @@ from typing import List
 import numpy as np
 import pytest
 
-from tvm_roller.suite import baselines, references, workloads
+from tvm_roller.tools.suite import baselines, references, workloads
 
 # Workloads whose unscheduled TVM build takes 4-30 s per run here (> 1 GFLOP): slow only.
 BIG = {("C3D", 0), ("C3D", 2), ("C3D", 3), ("GMM", 3)}
@@ -71,7 +71,7 @@ def test_workload_metadata():
 
 
 def test_big_set_is_what_the_runner_skips():
-    from tvm_roller.suite.runner import DEFAULT_BUDGET_S, NAIVE_GFLOPS
+    from tvm_roller.tools.suite.runner import DEFAULT_BUDGET_S, NAIVE_GFLOPS
 
     big = {wl for wl in workloads.list_workloads()
            if workloads.flop_count(workloads.create(*wl)) / (NAIVE_GFLOPS * 1e9) > DEFAULT_BUDGET_S}
@@ -170,7 +170,7 @@ def test_runner_with_stand_in_schedule(tmp_path, capsys):
     workload's schedule raises and must be recorded, not stop the suite."""
     from tvm.s_tir import Schedule
 
-    from tvm_roller.suite.runner import run_suite
+    from tvm_roller.tools.suite.runner import run_suite
 
     def stand_in(func, target):
         if workloads.output_spec(func)[0] == (1,):  # only NRM has a 1-element output
@@ -202,7 +202,7 @@ def test_runner_with_stand_in_schedule(tmp_path, capsys):
 
 
 def test_runner_rejects_bad_ops_before_work():
-    from tvm_roller.suite.runner import run_suite
+    from tvm_roller.tools.suite.runner import run_suite
 
     with pytest.raises(ValueError, match="valid classes"):
         run_suite("GMM:9", _schedule=lambda f, t: None, _normalize=_normalize)
@@ -215,7 +215,7 @@ def test_runner_with_roller(capsys):
 
     if not hasattr(tvm_roller, "schedule"):
         pytest.skip("tvm_roller.schedule not available yet")
-    from tvm_roller.suite.runner import run_suite
+    from tvm_roller.tools.suite.runner import run_suite
 
     recs = run_suite("GMM:0", peers=False, repeat=2, min_repeat_ms=10)
     assert all(r["ok"] for r in recs), [r["error"] for r in recs]
@@ -223,7 +223,7 @@ def test_runner_with_roller(capsys):
 
 # -- version check and CLI ----------------------------------------------------------------------
 def test_version_check():
-    from tvm_roller._version_check import check_tvm_ffi
+    from tvm_roller.core.tvm_version import check_tvm_ffi
 
     check_tvm_ffi()  # this environment is the pinned one
     check_tvm_ffi(tvm_version="0.27.0.post1", ffi_version="0.1.14.post0")
@@ -234,7 +234,7 @@ def test_version_check():
 
 
 def test_cli_help(capsys):
-    from tvm_roller.cli import main
+    from tvm_roller.tools.cli import main
 
     with pytest.raises(SystemExit) as ei:
         main(["--help"])
@@ -249,14 +249,14 @@ def test_cli_help(capsys):
 
 
 def test_cli_bad_ops(capsys):
-    from tvm_roller.cli import main
+    from tvm_roller.tools.cli import main
 
     assert main(["suite", "--ops", "NOPE"]) == 2
     assert "valid classes" in capsys.readouterr().err
 
 
 def test_parse_target():
-    from tvm_roller.suite.runner import parse_target
+    from tvm_roller.tools.suite.runner import parse_target
 
     assert parse_target('{"kind": "llvm", "num-cores": 2}') == {"kind": "llvm", "num-cores": 2}
     assert parse_target("nvidia/nvidia-h100") == "nvidia/nvidia-h100"

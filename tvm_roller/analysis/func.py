@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
 from tvm.tirx.buffer import BufferType
@@ -18,6 +17,7 @@ from tvm.tirx.buffer import BufferType
 from tvm_roller.analysis.access import Access, build_access
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.inputs import unwrap_func
 
 # Compute-bound (tiled, FMA) kernels need a float type; memory-bound kernels only move and compare
 # values, so masks and indices (bool / integer tensors, as Relax's attention masks) are fine there.
@@ -62,7 +62,7 @@ class FuncAnalysis:
     kind: str = "tiled"  # "tiled" (reuse-heavy), "reduction" (rows reduced), "elementwise"
     producers: List[str] = field(default_factory=list)  # blocks feeding the main block
     consumers: List[str] = field(default_factory=list)  # blocks after the main block
-    # axes whose extent is a bucket's value of a shape variable (``tvm_roller.dynamic``): the
+    # axes whose extent is a bucket's value of a shape variable (``planner.buckets``): the
     # kernel is replayed on the symbolic function, and pads these axes to its task tile; and
     # each one's extent at the bucket's smallest value (what the padding must not waste)
     dynamic_axes: Tuple[int, ...] = ()
@@ -270,17 +270,6 @@ def _reuse_tiled(fa: FuncAnalysis, tiled_dtypes) -> bool:
 
 def _is_buffer(param) -> bool:
     return isinstance(getattr(param, "ty", None), BufferType)
-
-
-def unwrap_func(func) -> tirx.PrimFunc:
-    if isinstance(func, tvm.IRModule):
-        prims = [f for _, f in func.functions_items() if isinstance(f, tirx.PrimFunc)]
-        if len(prims) != 1:
-            raise UnsupportedError(f"expected an IRModule holding one PrimFunc, got {len(prims)}")
-        return prims[0]
-    if not isinstance(func, tirx.PrimFunc):
-        raise UnsupportedError(f"expected a PrimFunc or IRModule, got {type(func).__name__}")
-    return func
 
 
 def _has_root_block(func: tirx.PrimFunc) -> bool:

@@ -102,7 +102,7 @@ def extent(sch: s_tir.Schedule, loop) -> Optional[int]:
 
 
 # Set while a kernel is lowered to be replayed on a function with symbolic extents
-# (``tvm_roller.dynamic``): every split is then a plain one, whose outer factor TVM infers from
+# (``planner.buckets``): every split is then a plain one, whose outer factor TVM infers from
 # the loop's extent, so the trace replays on any extent (a sampled perfect tile records
 # numbers that hold for one extent only).
 _PLAIN_SPLITS: contextvars.ContextVar[bool] = contextvars.ContextVar("plain_splits",

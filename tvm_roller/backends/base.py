@@ -17,37 +17,11 @@ import tvm
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import SUPPORTED_DTYPES, FuncAnalysis, analyze
-from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.fusion.chain import GemmChain
 from tvm_roller.fusion.decision import ChainDecision
 from tvm_roller.hardware.model import DeviceModel
-
-
-class InvalidTile(ValueError):
-    """A tile (e.g. read back from a cache) that does not fit the function or the rule."""
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def check_tile_shape(t: RTile) -> None:
-    """Self-consistency of a tile read from disk (raises InvalidTile)."""
-    n = len(t.extents)
-    if not (isinstance(t.kind, str) and isinstance(t.axis_kinds, str) and len(t.axis_kinds) == n):
-        raise InvalidTile("tile kind/axis_kinds malformed")
-    for name in ("extents", "reg", "l1", "l2"):
-        xs = getattr(t, name)
-        if not (isinstance(xs, list) and len(xs) == n and all(_is_int(x) and x >= 1 for x in xs)):
-            raise InvalidTile(f"tile field {name} is not {n} positive integers")
-    if not (_is_int(t.vector_lanes) and t.vector_lanes >= 1 and _is_int(t.num_tasks)
-            and t.num_tasks >= 1 and _is_int(t.unroll) and t.unroll >= 0):
-        raise InvalidTile("tile vector_lanes/num_tasks/unroll out of range")
-    if t.vector_axis is not None and not (_is_int(t.vector_axis) and 0 <= t.vector_axis < n):
-        raise InvalidTile("tile vector_axis out of range")
-    if not (isinstance(t.pack, list) and all(isinstance(p, str) for p in t.pack)):
-        raise InvalidTile("tile pack is not a list of names")
 
 
 class OpRule(ABC):
@@ -77,7 +51,7 @@ class OpRule(ABC):
         """Raise InvalidTile unless ``tile`` (e.g. from a cache) fits ``fa`` as this rule's
         lowering needs it. Not a style check: a register tile larger than its L1 tile makes a
         split factor 0, which crashes TVM natively (SIGFPE) instead of raising."""
-        check_tile_shape(tile)
+        tile.check_shape()
         kind = self.tile_kind(fa)
         if tile.kind != kind:
             raise InvalidTile(f"tile kind {tile.kind} != {kind} ({self.name}'s kind of this "
@@ -164,7 +138,7 @@ class Backend(ABC):
     #: sub-convolution per output parity class)
     decomposes: bool = True
     #: why this backend builds no bucket kernels for functions with symbolic extents
-    #: (``tvm_roller.dynamic``), or "" when it does
+    #: (``planner.buckets``), or "" when it does
     no_dynamic_kernels: str = ""
 
     def __init__(self, rules: Sequence[OpRule], chain_rule: Optional[ChainRule] = None) -> None:
@@ -214,7 +188,7 @@ class Backend(ABC):
     def scheduling_form(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """The function as this backend's rules schedule it (the analysis's ``func``): a
         rewrite that keeps block names and loops, so a trace recorded on one specialisation
-        replays on another (``tvm_roller.dynamic``). Unchanged by default."""
+        replays on another (``planner.buckets``). Unchanged by default."""
         return func
 
     # -- derived -------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
+
+from tvm_roller.core.errors import InvalidTile
 
 
 @dataclass
@@ -44,7 +46,7 @@ class RTile:
     stages: int = 1  # shared-memory pipeline depth (2: double buffering)
     tensor_core: str = ""  # "" or the fragment shape used, e.g. "wmma_16x16x16_f16f32"
     smem_bytes: int = 0  # shared memory per block, all stages
-    # a bucket of a function with symbolic extents (``tvm_roller.dynamic``): the largest
+    # a bucket of a function with symbolic extents (``planner.buckets``): the largest
     # fraction of extra work padding the dynamic axes at run time costs in the bucket
     bucket_waste: float = 0.0
 
@@ -58,8 +60,34 @@ class RTile:
     def from_json(cls, text: str) -> "RTile":
         return cls(**json.loads(text))
 
+    def check_shape(self) -> None:
+        """Self-consistency of a tile read from disk (raises InvalidTile): every per-axis field
+        has one positive integer per axis, the scalars are in range."""
+        n = len(self.extents)
+        if not (isinstance(self.kind, str) and isinstance(self.axis_kinds, str)
+                and len(self.axis_kinds) == n):
+            raise InvalidTile("tile kind/axis_kinds malformed")
+        for name in ("extents", "reg", "l1", "l2"):
+            xs = getattr(self, name)
+            if not (isinstance(xs, list) and len(xs) == n and
+                    all(_is_int(x) and x >= 1 for x in xs)):
+                raise InvalidTile(f"tile field {name} is not {n} positive integers")
+        if not (_is_int(self.vector_lanes) and self.vector_lanes >= 1 and
+                _is_int(self.num_tasks) and self.num_tasks >= 1 and _is_int(self.unroll)
+                and self.unroll >= 0):
+            raise InvalidTile("tile vector_lanes/num_tasks/unroll out of range")
+        if self.vector_axis is not None and not (_is_int(self.vector_axis) and
+                                                 0 <= self.vector_axis < n):
+            raise InvalidTile("tile vector_axis out of range")
+        if not (isinstance(self.pack, list) and all(isinstance(p, str) for p in self.pack)):
+            raise InvalidTile("tile pack is not a list of names")
+
     def key(self) -> tuple:
         return (tuple(self.reg), tuple(self.l1), tuple(self.l2), tuple(self.pack))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def ceil_div(a: int, b: int) -> int:

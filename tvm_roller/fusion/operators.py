@@ -12,7 +12,7 @@ from typing import List, Optional
 from tvm import te, tirx
 
 from tvm_roller.fusion.chain import GemmChain
-from tvm_roller.fusion.workloads import middle_stage
+from tvm_roller.fusion.stages import middle_stage
 
 
 def _func(*tensors) -> tirx.PrimFunc:

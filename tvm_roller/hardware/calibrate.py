@@ -29,10 +29,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from tvm.target import Target
+
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware import cache as _cache
-from tvm_roller.hardware.cpu import TargetLike, _arch, plain, detect_isa, from_target, host_cpu, \
-    host_physical_cores, host_triple, is_host_target, normalize_target, target_mattr
+from tvm_roller.core.ffi import plain
+from tvm_roller.core.types import TargetLike
+from tvm_roller.hardware import calibration_store as _cache
+from tvm_roller.hardware.cpu import arch_of, detect_isa, from_target, host_cpu, \
+    host_physical_cores, host_triple, is_host_target, target_mattr
+from tvm_roller.hardware.target import normalize_target
 from tvm_roller.hardware.model import DeviceModel, MemoryLevel
 
 _MARK = "TVM_ROLLER_CALIBRATION_RESULT "
@@ -208,10 +213,10 @@ def _child_main() -> None:
 # ---------------------------------------------------------------------------------------------
 def _check_runs_here(spec: Dict[str, Any]) -> None:
     triple = str(spec.get("mtriple") or host_triple())
-    if _arch(triple) != _arch(host_triple()):
+    if arch_of(triple) != arch_of(host_triple()):
         raise UnsupportedError(f"cannot calibrate a {triple} target on a {host_triple()} host")
-    _, feats = detect_isa(spec)
-    _, host_feats = detect_isa({"kind": "llvm", "mcpu": host_cpu()})
+    _, feats = detect_isa(Target(spec))
+    _, host_feats = detect_isa(Target({"kind": "llvm", "mcpu": host_cpu()}))
     if feats and host_feats:
         missing = sorted(f for f in feats - host_feats if _ISA_FEATURE.match(f))
         if missing:
@@ -273,7 +278,12 @@ def calibrate(target: Optional[TargetLike] = None, quick: bool = False,
     """Measure peak fp32 GFLOP/s and per-level read bandwidth on this machine for ``target``
     (default: the host CPU with all its physical cores), cache the result (unless ``save`` is
     False) and return the DeviceModel (source ``calibrated:<file>``)."""
-    tgt = normalize_target(target if target is not None else {"kind": "llvm"})
+    return measure(normalize_target(target if target is not None else {"kind": "llvm"}), quick,
+                   save)
+
+
+def measure(tgt: Target, quick: bool = False, save: bool = True) -> DeviceModel:
+    """:func:`calibrate` for a normalised target."""
     if tgt.kind.name != "llvm":
         raise UnsupportedError(f"calibrate() measures CPUs (llvm targets), not {tgt.kind.name!r}")
     spec = plain(tgt.export())
@@ -357,7 +367,7 @@ def auto_calibration_enabled() -> bool:
     return os.environ.get(CALIBRATE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def device_model(target: TargetLike) -> DeviceModel:
+def device_model(target: Target) -> DeviceModel:
     """The device model roller plans ``target`` with: its calibration, measured here on first
     use for a host target (``calibrate(quick=True)``: a few seconds, cached for every later
     process; ``TVM_ROLLER_CALIBRATE=0`` turns it off), else the estimate. A calibration that
@@ -367,7 +377,7 @@ def device_model(target: TargetLike) -> DeviceModel:
             not is_host_target(target):
         return model
     try:
-        return calibrate(target, quick=True, save=True)
+        return measure(target, quick=True, save=True)
     except (RuntimeError, OSError, UnsupportedError, subprocess.TimeoutExpired) as err:
         warnings.warn(f"calibration on first use failed ({type(err).__name__}: {err}); planning "
                       f"with estimated numbers. Set {CALIBRATE_ENV}=0 to skip it, or run "

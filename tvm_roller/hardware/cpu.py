@@ -9,20 +9,18 @@ Numbers come from, in order of preference:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from tvm.target import Target
 from tvm.target import codegen as _cg
 
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.core.types import TargetLike
-from tvm_roller.hardware import cache as _cache
+from tvm_roller.core.ffi import plain
+from tvm_roller.hardware import calibration_store as _cache
 from tvm_roller.hardware.model import DeviceModel, MemoryLevel
 from tvm_roller.hardware.presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
 
@@ -71,7 +69,8 @@ def host_triple() -> str:
     return str(_cg.llvm_get_system_triple())
 
 
-def _arch(triple: str) -> str:
+def arch_of(triple: str) -> str:
+    """The architecture of an LLVM triple, with aliases folded (arm64 -> aarch64)."""
     a = triple.split("-", 1)[0].lower()
     return {"arm64": "aarch64", "amd64": "x86_64"}.get(a, a)
 
@@ -188,125 +187,6 @@ def _host_dram_bytes() -> Optional[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# target normalisation
-# ---------------------------------------------------------------------------------------------
-def plain(obj: Any) -> Any:
-    """tvm_ffi Map/Array (from Target.export()) -> dict/list, recursively."""
-    if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
-        return obj
-    if isinstance(obj, Target):
-        return plain(obj.export())
-    if hasattr(obj, "items"):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if hasattr(obj, "__iter__"):
-        return [plain(v) for v in obj]
-    return obj
-
-
-_LIST_OPTS = {"mattr", "keys", "libs", "cl-opt"}
-
-
-def _parse_cli(text: str) -> Dict[str, Any]:
-    """'llvm -mcpu=x -num-cores=4 -mattr=+avx2,+fma' -> dict; anything fancier is refused."""
-    try:
-        tokens = shlex.split(text)
-    except ValueError as err:
-        raise UnsupportedError(f"cannot parse target string {text!r}: {err}") from None
-    kind, flags = tokens[0], tokens[1:]
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
-        raise UnsupportedError(f"cannot parse target string {text!r}: {kind!r} is not a target kind")
-    out: Dict[str, Any] = {"kind": kind}
-    for flag in flags:
-        m = re.fullmatch(r"--?([A-Za-z][A-Za-z0-9_-]*)=([^\s=]+)", flag)
-        if not m or m.group(1) == "host":
-            raise UnsupportedError(
-                f"cannot convert the old CLI target string {text!r} (at {flag!r}); TVM 0.27 needs the "
-                'dict form, e.g. {"kind": "llvm", "mcpu": "znver4", "num-cores": 8}')
-        key, val = m.group(1), m.group(2)
-        if key in _LIST_OPTS:
-            out[key] = val.split(",")
-        elif re.fullmatch(r"-?\d+", val):
-            out[key] = int(val)
-        else:
-            out[key] = val
-    return out
-
-
-def _make(spec: Union[Dict[str, Any], str], original: Any) -> Target:
-    try:
-        return Target(spec)
-    except ValueError as err:  # TVM reports bad kinds/options as ValueError
-        raise UnsupportedError(f"invalid target {original!r}: {err}") from None
-
-
-def _normalize(target: TargetLike) -> Tuple[Target, List[str]]:
-    notes: List[str] = []
-    if isinstance(target, Target):
-        tgt = target
-    elif isinstance(target, dict):
-        tgt = _make(target, target)
-    elif isinstance(target, str):
-        s = target.strip()
-        if s.startswith("{"):
-            try:
-                spec = json.loads(s)
-            except json.JSONDecodeError as err:
-                raise UnsupportedError(f"target JSON string does not parse: {err}") from None
-            tgt = _make(spec, target)
-        elif re.search(r"(^|\s)-", s):
-            spec = _parse_cli(s)
-            notes.append(f"old CLI target string {s!r} read as {json.dumps(spec)}")
-            tgt = _make(spec, target)
-        else:
-            tgt = _make(s, target)  # a kind name ("llvm") or a tag ("nvidia/nvidia-h100")
-    else:
-        raise UnsupportedError(f"cannot make a TVM target from a {type(target).__name__}")
-
-    if tgt.kind.name != "llvm":
-        return tgt, notes  # other kinds are the caller's business; never touched here
-
-    spec = plain(tgt.export())
-    changed = False
-    triple = spec.get("mtriple")
-    cross = bool(triple) and _arch(str(triple)) != _arch(host_triple())
-    mcpu = spec.get("mcpu")
-    if not mcpu or mcpu == "native":
-        if cross:
-            notes.append(f"mcpu was not given and mtriple {triple} is not the host's "
-                         f"({host_triple()}): left to LLVM's generic CPU")
-        else:
-            spec["mcpu"] = host_cpu()
-            changed = True
-            how = "was not given" if not mcpu else "was 'native' (LLVM rejects it)"
-            notes.append(f"mcpu {how}: completed from the host as {spec['mcpu']}")
-    if not spec.get("num-cores"):
-        if cross:
-            notes.append("num-cores was not given for a cross target: left unset "
-                         "(device models use the ISA preset's core count)")
-        else:
-            spec["num-cores"] = host_physical_cores()
-            changed = True
-            notes.append(f"num-cores was not given: completed from the host as {spec['num-cores']} "
-                         "physical cores")
-    if changed:
-        tgt = _make(spec, target)
-    return tgt, notes
-
-
-def normalize_target(target: TargetLike) -> Target:
-    """A ``tvm.target.Target`` from a Target, dict, JSON string, tag/kind string or simple old CLI
-    string; llvm targets get ``mcpu`` and ``num-cores`` from the host when missing. What was
-    completed is reported by ``target_completion_notes`` (call it on the same input)."""
-    return _normalize(target)[0]
-
-
-def target_completion_notes(target: TargetLike) -> List[str]:
-    """Human-readable notes of what ``normalize_target(target)`` fills in or reinterprets for this
-    (original, un-normalised) target; [] when nothing is completed."""
-    return _normalize(target)[1]
-
-
-# ---------------------------------------------------------------------------------------------
 # ISA detection
 # ---------------------------------------------------------------------------------------------
 def _llvm_features(tgt: Target, mcpu: str, triple: str) -> Optional[Set[str]]:
@@ -347,16 +227,15 @@ def _isa_from_table(mcpu: str, mattr: List[str], arch: str) -> str:
     return isa
 
 
-def detect_isa(target: TargetLike) -> Tuple[str, Set[str]]:
+def detect_isa(tgt: Target) -> Tuple[str, Set[str]]:
     """(ISA family, LLVM features or empty set) of an llvm target."""
-    tgt = normalize_target(target)
     spec = plain(tgt.export())
     mcpu = str(spec.get("mcpu") or "generic")
     triple = str(spec.get("mtriple") or host_triple())
     feats = _llvm_features(tgt, mcpu, triple)
     if feats is not None:
-        return _isa_from_features(feats, _arch(triple)), feats
-    return _isa_from_table(mcpu, target_mattr(spec), _arch(triple)), set()
+        return _isa_from_features(feats, arch_of(triple)), feats
+    return _isa_from_table(mcpu, target_mattr(spec), arch_of(triple)), set()
 
 
 def target_mattr(spec: Dict[str, Any]) -> List[str]:
@@ -378,20 +257,19 @@ def _base_preset(isa: str) -> DeviceModel:
 # ---------------------------------------------------------------------------------------------
 # DeviceModel from a target
 # ---------------------------------------------------------------------------------------------
-def is_host_target(target: TargetLike) -> bool:
+def is_host_target(target: Target) -> bool:
     """True when code for this llvm target is built for this machine's CPU (same mcpu & arch)."""
-    spec = plain(normalize_target(target).export())
+    spec = plain(target.export())
     triple = str(spec.get("mtriple") or host_triple())
-    return _arch(triple) == _arch(host_triple()) and spec.get("mcpu") == host_cpu()
+    return arch_of(triple) == arch_of(host_triple()) and spec.get("mcpu") == host_cpu()
 
 
-def from_target(target: TargetLike, use_cache: bool = True, *,
+def from_target(tgt: Target, use_cache: bool = True, *,
                 host_caches: Optional[bool] = None) -> DeviceModel:
     """DeviceModel of an llvm target (see the module docstring for where numbers come from).
 
     ``use_cache=False`` ignores calibration files; ``host_caches`` forces (True) or forbids (False)
     reading this machine's /sys and clock instead of deciding by "mcpu is the host CPU"."""
-    tgt = normalize_target(target)
     kind = tgt.kind.name
     if kind != "llvm":
         raise UnsupportedError(f"from_target handles llvm (CPU) targets; no device model for "

@@ -11,8 +11,8 @@ from tvm_roller.backends.cpu import chain_plan
 from tvm_roller.backends.cpu.chain_plan import FUSE_MARGIN
 from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import detect_chain
-from tvm_roller.fusion.workloads import gemm_chain
-from tvm_roller.suite import workloads as W
+from tvm_roller.tools.bench.chains import gemm_chain
+from tvm_roller.tools.suite import workloads as W
 
 from conftest import (CHAIN_CASES, TARGET, assert_close, chain_inputs, chain_reference,
                       conv_chain_reference, device, rand, run)
@@ -53,9 +53,9 @@ def test_split_keeps_operators_apart():
     assert [b.name for b in between] == ["C", "S"]
     p = tvm_roller.plan(func, TARGET, device=device())
     assert not p.fusion.fuse  # 3 x 37 x 41 scores fit any L2
-    sch = tvm_roller.api.apply(p, p.tiles[0])
+    sch = tvm_roller.planner.apply(p, p.tiles[0])
     assert not sch.trace.insts  # IR of the stitched operators, not a trace
-    assert tvm_roller.api.apply(p, p.tiles[0], traceable=True).trace.insts
+    assert tvm_roller.planner.apply(p, p.tiles[0], traceable=True).trace.insts
 
 
 def test_detection_negative():
@@ -89,8 +89,8 @@ def test_relax_bert_layer_chains(seq):
     import torch
     from tvm import relax
 
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import models
 
     model = models.bert_layer()
     x = torch.randn(1, seq, 768)
@@ -118,7 +118,7 @@ def test_relax_bert_layer_chains(seq):
 @pytest.mark.parametrize("shape", [(1, 9, 7, 5, 6, 3), (2, 5, 1, 3, 4, 1)])
 def test_conv_chain_fused_and_unfused(shape):
     """3x3 conv (padding 1) -> ReLU -> 1x1 conv, NHWC, odd and size-1 shapes; both kernels."""
-    from tvm_roller.fusion.workloads import conv_chain
+    from tvm_roller.tools.bench.chains import conv_chain
 
     n, h, w, ci, cm, co = shape
     func = conv_chain(*shape)
@@ -146,7 +146,7 @@ def test_relax_repeated_layers_share_one_chain_function():
     from torch import nn
     from tvm import relax
 
-    from tvm_roller.compile_model import import_torch
+    from tvm_roller.integrations.pytorch import import_torch
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(768, 12, 256, batch_first=True)
@@ -176,8 +176,8 @@ def test_relax_projection_into_scores_is_no_chain():
     import torch
     from tvm import relax
 
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.relax_passes.chains import find_chains
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.integrations.relax.passes.chains import find_chains
 
     class Scores(torch.nn.Module):
         def __init__(self):
@@ -272,7 +272,7 @@ def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
     from tvm_roller.backends.registry import backend_for
     from tvm_roller.core.errors import UnsupportedError
 
-    rule = backend_for(TARGET).chain_rule
+    rule = backend_for(normalize_target(TARGET)).chain_rule
 
     def refuse(fa, dev):
         raise UnsupportedError("no rule for this operator (test)")
@@ -294,10 +294,10 @@ def test_relax_chain_whose_plan_fails_is_kept_apart_and_reported(monkeypatch):
     from tvm import relax
 
     from tvm_roller.backends.registry import backend_for
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import models
 
-    rule = backend_for(TARGET).chain_rule
+    rule = backend_for(normalize_target(TARGET)).chain_rule
 
     def broken(chain, dev, stage_kinds=None):
         raise RuntimeError("injected chain failure")

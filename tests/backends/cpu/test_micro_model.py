@@ -11,6 +11,7 @@ from tvm_roller.analysis import analyze
 from tvm_roller.backends.cpu.perf_model import (_measured_rate, micro_kernel_efficiency,
                                                 predict_tiled)
 from tvm_roller.backends.registry import backend_for
+from tvm_roller.hardware import normalize_target
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.calibrate import tile_table_shapes
 
@@ -88,7 +89,7 @@ def test_calibrated_prediction_ranks_by_measured_rate():
 def test_planner_uses_the_table():
     """The planner's predictions follow the device's table: a machine whose multi-row tiles
     measured a third of the best rate is predicted slower than the analytical model says."""
-    backend = backend_for("llvm")
+    backend = backend_for(normalize_target("llvm"))
     fa = backend.analyze(_matmul(128, 128, 128).func)
     rule = backend.rule_for(fa)
     slow = {k: (g if k.startswith("1x") else g / 3) for k, g in TABLE.items()}
@@ -138,7 +139,7 @@ def test_convolution_whose_filter_streams_gets_a_generic_tile():
     from tvm.s_tir.meta_schedule.testing import te_workload as W
 
     func = te.create_prim_func(W.conv3d_ndhwc(1, 16, 7, 7, 512, 512, 3, 1, 1))
-    backend = backend_for("llvm")
+    backend = backend_for(normalize_target("llvm"))
     fa = backend.analyze(func)
     tiles = backend.rule_for(fa).construct(fa, _calibrated(device()), 2)
     assert tiles[0].acc_level == "task" and tiles[1].acc_level == "reg"

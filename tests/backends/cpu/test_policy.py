@@ -19,6 +19,7 @@ from tvm_roller.analysis.traffic import num_tiles
 from tvm_roller.backends.cpu.policy import _scale_out
 from tvm_roller.backends.cpu.policy_conv import _RIVAL_MARGIN
 from tvm_roller.backends.registry import backend_for
+from tvm_roller.hardware import normalize_target
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import RTile, aligned_steps, padding_waste
 
@@ -29,7 +30,7 @@ DEFAULT_MULTIPLES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 48,
 
 def construct(fa, dev, topk=1):
     """The CPU backend's construction for ``fa`` (the rule that takes it)."""
-    return backend_for("llvm").rule_for(fa).construct(fa, dev, topk)
+    return backend_for(normalize_target("llvm")).rule_for(fa).construct(fa, dev, topk)
 
 
 def _fa(tensors):

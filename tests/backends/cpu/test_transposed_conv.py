@@ -19,8 +19,10 @@ from tvm.s_tir.meta_schedule.testing import te_workload as W
 import tvm_roller
 import tvm_roller.dlight
 import tvm_roller.relax as rr
-from tvm_roller import api
-from tvm_roller.schedule_cache import ScheduleCache, cached_schedule
+from tvm_roller import planner
+from tvm_roller.cache.schedules import ScheduleCache
+from tvm_roller.hardware import normalize_target
+from tvm_roller.planner import Context, plan_and_lower
 from conftest import (parity_guards, F64_TOL, TARGET, assert_close, conv2d_transpose_nhwc, cuda_target, device,
                       rand, run)
 
@@ -43,7 +45,7 @@ def conv_transpose_ncx(x, w, stride, padding, output_padding=0):
 def _check(func, arrays, expect, dtype="float32", target=TARGET):
     p = tvm_roller.plan(func, target, device=device())
     assert p.parts and p.decomposed.decomposition.kind == "parity"
-    sch = api.apply(p, p.tiles[0])
+    sch = planner.apply(p, p.tiles[0])
     assert not parity_guards(sch.mod["main"])
     lib = tvm_roller.build(func, target, device=device())
     shape = [int(s) for s in func.params[-1].shape]
@@ -123,9 +125,9 @@ def test_without_the_decomposition_the_guard_stays(monkeypatch):
     from tvm_roller.backends.registry import backend_for
 
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(1, 4, 4, 8, 8, 4, 2, 1)))
-    monkeypatch.setattr(backend_for(TARGET), "decomposes", False)
+    monkeypatch.setattr(backend_for(normalize_target(TARGET)), "decomposes", False)
     p = tvm_roller.plan(func, TARGET, device=device())
-    assert not p.parts and parity_guards(api.apply(p, p.tiles[0]).mod["main"])
+    assert not p.parts and parity_guards(planner.apply(p, p.tiles[0]).mod["main"])
 
 
 def test_explain_says_why_and_shows_each_part():
@@ -141,13 +143,13 @@ def test_explain_says_why_and_shows_each_part():
 def test_schedule_cache_serves_every_part(tmp_path):
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(1, 6, 6, 8, 8, 4, 2, 1)))
     cache = ScheduleCache(tmp_path)
-    first = cached_schedule(func, TARGET, device(), cache)
+    first = plan_and_lower(func, Context.make(TARGET, device(), cache))
     assert not first.from_cache and cache.stats()["writes"] == len(first.plan.parts) == 5
-    again = cached_schedule(func, TARGET, device(), cache)
+    again = plan_and_lower(func, Context.make(TARGET, device(), cache))
     assert again.from_cache and all(p.from_cache for p in again.plan.parts)
     assert cache.stats()["hits"] == 5
     x, w = rand((1, 6, 6, 8), seed=1), rand((4, 4, 8, 8), seed=2)
-    with api.pass_context(again.plan.target):
+    with planner.Context.make(again.plan.target).pass_context():
         lib = tvm.compile(again.schedule.mod, target=again.plan.target)
     assert_close(run(lib, [x, w], (1, 12, 12, 8), "float32"),
                  conv2d_transpose_nhwc(x.astype(np.float64), w.astype(np.float64), 2, 1), 1e-5)
@@ -159,7 +161,7 @@ def test_dlight_rule_and_metaschedule_traces():
     assert sch is not None and not parity_guards(sch.mod["main"])
     p = tvm_roller.plan(func, TARGET, device=device())
     with pytest.raises(tvm_roller.UnsupportedError, match="parts"):
-        api.apply(p, p.tiles[0], traceable=True)  # a MetaSchedule record needs one trace
+        planner.apply(p, p.tiles[0], traceable=True)  # a MetaSchedule record needs one trace
 
 
 def test_relax_pipeline_conv_transpose_with_epilogue():
@@ -187,7 +189,7 @@ def test_relax_pipeline_conv_transpose_with_epilogue():
 def test_cuda_target_builds_the_parts():
     """The CUDA backend takes the parts as well: one kernel per part, compiled by nvcc (the
     conftest checks every CUDA build) and numerically checked through its CPU replica."""
-    from tvm_roller.cuda_check.replica import cpu_replica
+    from tvm_roller.tools.cuda_check.replica import cpu_replica
 
     args = (1, 5, 7, 8, 6, 4, 2, 1)
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(*args)))
@@ -195,7 +197,7 @@ def test_cuda_target_builds_the_parts():
     tvm_roller.build(func, tgt)
     p = tvm_roller.plan(func, tgt)
     assert p.parts
-    sch = api.apply(p, p.tiles[0])
+    sch = planner.apply(p, p.tiles[0])
     assert not parity_guards(sch.mod["main"])
     lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
     x, w = rand((1, 5, 7, 8), seed=1), rand((4, 4, 8, 6), seed=2)

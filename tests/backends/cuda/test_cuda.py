@@ -13,14 +13,20 @@ import tvm
 from tvm import te
 
 from tvm_roller.backends.cuda import policy
-from tvm_roller.backends.registry import device_model
+from tvm_roller.planner import Context
 import tvm_roller
 from tvm_roller import hardware
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.hardware import gpu
-from tvm_roller.suite import workloads as W
+from tvm_roller.tools.suite import workloads as W
 
 from conftest import cuda_target
+
+
+def device_model(target):
+    """The device model of a target, as the planner's context makes it."""
+    return Context.make(target).device
+
 
 SM90 = cuda_target("sm_90")
 SM80 = cuda_target("sm_80")
@@ -108,8 +114,8 @@ def test_small_and_irregular_shapes():
         p = tvm_roller.plan(f, SM90)
         t = p.tiles[0]
         assert t.num_tasks >= 1
-        with tvm_roller.api.pass_context(SM90):
-            tvm.compile(tvm_roller.api.apply(p, t).mod, target=SM90)
+        with tvm_roller.planner.Context.make(SM90).pass_context():
+            tvm.compile(tvm_roller.planner.apply(p, t).mod, target=SM90)
 
 
 def test_row_reduction_split_over_blocks():
@@ -140,7 +146,7 @@ def test_cuda_bad_inputs():
         tvm_roller.schedule(te.create_prim_func([A, C]), SM90)
     with pytest.raises(UnsupportedError, match="rocm"):
         tvm_roller.schedule(W.create("GMM", 0), {"kind": "rocm"})
-    from tvm_roller.fusion.workloads import gemm_chain
+    from tvm_roller.tools.bench.chains import gemm_chain
 
     # a float64 chain is not fused (the fused kernel takes float32), and says so
     p = tvm_roller.plan(gemm_chain([2], 64, 32, 64, 32, "softmax", dtype="float64"), SM90)

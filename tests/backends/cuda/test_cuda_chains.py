@@ -28,10 +28,10 @@ from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.backends.cuda.chain import CudaChainPlan, apply_fused_cuda, plan_cuda_chain
 from tvm_roller.fusion import split
-from tvm_roller.fusion.workloads import conv_chain, gemm_chain
+from tvm_roller.tools.bench.chains import conv_chain, gemm_chain
 from tvm_roller.hardware import gpu
-from tvm_roller.cuda_check.build import check
-from tvm_roller.cuda_check.replica import cpu_replica
+from tvm_roller.tools.cuda_check.build import check
+from tvm_roller.tools.cuda_check.replica import cpu_replica
 
 from conftest import (CHAIN_CASES, assert_close, chain_inputs, chain_reference,
                       conv_chain_reference, cuda_target, rand, run)
@@ -70,7 +70,7 @@ def test_roller_cuda_chain_fused_or_one_by_one(batch, m, k, l, n, middle):  # no
     func = gemm_chain(batch, m, k, l, n, middle)
     p = tvm_roller.plan(func, SM90, device=H100)
     assert p.chain is not None and p.fusion.reason
-    sch = tvm_roller.api.apply(p, p.tiles[0])
+    sch = tvm_roller.planner.apply(p, p.tiles[0])
     lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
     arrays = chain_inputs(batch, m, k, l, n)
     assert_close(run(lib, arrays, tuple(batch or ()) + (m, n), "float32"),
@@ -89,7 +89,7 @@ def test_conv_chain_on_cuda_one_by_one():
     func = conv_chain(1, 9, 7, 5, 6, 3)
     p = tvm_roller.plan(func, SM90, device=H100)
     assert not p.fusion.fuse and "before the first matmul" in p.fusion.reason
-    sch = tvm_roller.api.apply(p, p.tiles[0])
+    sch = tvm_roller.planner.apply(p, p.tiles[0])
     assert check(sch.mod, SM90).ok
     x, w1, w2 = rand((1, 9, 7, 5), seed=1), rand((3, 3, 5, 6), seed=2), rand((1, 1, 6, 3), seed=3)
     lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
@@ -197,7 +197,7 @@ def test_plan_is_plain_data():
 def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # noqa: E741
     """The CUDA source nvcc compiles, run with real barriers and warp shuffles: catches what the
     replica cannot (a missing barrier, a thread making only its own part of a shared tile)."""
-    from tvm_roller.cuda_check.build import kernel_launches
+    from tvm_roller.tools.cuda_check.build import kernel_launches
 
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)
@@ -216,7 +216,7 @@ def test_relax_attention_fused_for_cuda():
     model fuses it, and the grouped PrimFunc gets the fused kernel, which nvcc compiles."""
     import torch
 
-    from tvm_roller.compile_model import import_torch
+    from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.relax import fusion_passes
 
     class Attention(torch.nn.Module):  # keys and values as weights: one example input
@@ -238,8 +238,8 @@ def test_relax_attention_fused_for_cuda():
     assert len(funcs) == 1
     p = tvm_roller.plan(funcs[0].with_attr("global_symbol", "main"), SM90, device=H100)
     assert p.chain is not None and p.fusion.fuse
-    sch = tvm_roller.api.apply(p, p.tiles[0])
-    with tvm_roller.api.pass_context(p.target):
+    sch = tvm_roller.planner.apply(p, p.tiles[0])
+    with tvm_roller.planner.Context.make(p.target).pass_context():
         report = check(sch.mod, SM90, H100)
     assert report.ok, report.problems
     assert len(report.bundle.launches) == 1  # one fused kernel

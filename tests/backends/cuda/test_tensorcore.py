@@ -26,16 +26,17 @@ from tvm import te
 
 from tvm_roller import hardware
 from tvm_roller.backends.registry import backend_for
+from tvm_roller.hardware import normalize_target
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import gpu
 from tvm_roller.backends.cuda import tensorcore as tc
 from tvm_roller.core.rtile import RTile
-from tvm_roller.suite import gpu_workloads as gw
+from tvm_roller.tools.suite import gpu_workloads as gw
 
 from conftest import CUDA_TARGETS
 from cuda_emulator import NVCC, emulate, needs_emulator
 
-CUDA = backend_for("cuda")
+CUDA = backend_for(normalize_target("cuda"))
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 

@@ -27,15 +27,16 @@ from tvm import te
 import tvm_roller
 from tvm_roller import hardware
 from tvm_roller.analysis import unwrap_func
-from tvm_roller.api import plan, plan_prepared, prepare
+from tvm_roller.planner import plan, plan_prepared, prepare
 from tvm_roller.backends.cuda import tensorcore as tc
 from tvm_roller.backends.registry import backend_for
+from tvm_roller.hardware import normalize_target
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
 
 from cuda_emulator import NVCC, emulate, needs_emulator
 
-CUDA = backend_for("cuda")
+CUDA = backend_for(normalize_target("cuda"))
 H100 = hardware.preset("h100")
 H100_TARGET = "nvidia/nvidia-h100"
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
@@ -346,18 +347,18 @@ def test_planned_padded_kernels_emulated(case, tmp_path):
     p, t = _planned(func)
     assert any(re.match(r"tensor cores: [MNK] \(axis \S+\) padded \d+ -> \d+ \(waste ", n)
                for n in t.notes), t.notes
-    sch = tvm_roller.api.apply(p, t)
+    sch = tvm_roller.planner.apply(p, t)
     check_numerics(func, p.analysis, t, sch, lambda a: reference(a, False, trans_b, epi),
                    str(tmp_path), arch_target=H100_TARGET)
 
 
 # -- nvcc ------------------------------------------------------------------------------------------
 def _nvcc_ok(func):
-    from tvm_roller.cuda_check import check
+    from tvm_roller.tools.cuda_check import check
 
     p, t = _planned(func)
-    sch = tvm_roller.api.apply(p, t)
-    with tvm_roller.api.pass_context(p.target):
+    sch = tvm_roller.planner.apply(p, t)
+    with tvm_roller.planner.Context.make(p.target).pass_context():
         rep = check(sch.mod, p.target)
     return p, t, rep
 

@@ -1,4 +1,4 @@
-"""The CUDA toolchain (tvm_roller.cuda_check.build) on modules scheduled by TVM's dlight rules or by
+"""The CUDA toolchain (tvm_roller.tools.cuda_check.build) on modules scheduled by TVM's dlight rules or by
 hand, never by roller: lowering to host + device functions, kernel launches, verification, nvcc.
 
 No GPU is needed; nvcc tests are skipped where nvcc is missing."""
@@ -17,8 +17,8 @@ from tvm import te  # noqa: E402
 
 from tvm_roller import hardware  # noqa: E402
 from tvm_roller.core.errors import UnsupportedError  # noqa: E402
-from tvm_roller.cuda_check import build as cb  # noqa: E402
-from tvm_roller.suite import workloads  # noqa: E402
+from tvm_roller.tools.cuda_check import build as cb  # noqa: E402
+from tvm_roller.tools.suite import workloads  # noqa: E402
 
 HAVE_NVCC = bool(os.environ.get("TVM_ROLLER_NVCC") or shutil.which("nvcc")
                  or os.path.isfile("/usr/local/cuda/bin/nvcc"))

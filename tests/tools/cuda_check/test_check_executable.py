@@ -9,7 +9,7 @@ import tvm
 from tvm import te
 
 import tvm_roller
-from tvm_roller.cuda_check import CudaCompileError, check_executable
+from tvm_roller.tools.cuda_check import CudaCompileError, check_executable
 
 from conftest import cuda_target
 

@@ -1,4 +1,4 @@
-"""tvm_roller.cuda_check.gpu_check (behind python/gpu_check.py) without a GPU: the CuPy
+"""tvm_roller.tools.cuda_check.gpu_check (behind python/gpu_check.py) without a GPU: the CuPy
 launcher against a fake CuPy (kernel names, grids, blocks, dynamic shared memory, argument
 order, loading fallbacks), the PyTorch ops against the suite's float64 references on the CPU
 (and the GEMM chains' against numpy's), the results tables, and the ``build`` half on a few
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_roller.cuda_check import gpu_check as g
+from tvm_roller.tools.cuda_check import gpu_check as g
 
 from conftest import REPO_ROOT as ROOT  # noqa: E402
 SCRIPT = ROOT / "python" / "gpu_check.py"  # the command line (run as a program only)
@@ -105,8 +105,8 @@ class Buf:
 def softmax_bundle():
     """SFM:0 with each block its own kernel: 4 launches, two workspaces (see test_cuda_build)."""
     tvm = pytest.importorskip("tvm")
-    from tvm_roller.cuda_check import build as cb
-    from tvm_roller.suite import workloads
+    from tvm_roller.tools.cuda_check import build as cb
+    from tvm_roller.tools.suite import workloads
 
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": workloads.create("SFM", 0)}))
     for b in sch.get_child_blocks(sch.get_sblock("root")):
@@ -228,7 +228,7 @@ SMALL = ["C1D:0", "C2D:1", "GMM:0", "GRP:0", "DIL:1", "DEP:2", "T2D:3", "CAP:2",
 @pytest.mark.parametrize("name", SMALL + [pytest.param("C3D:1", marks=pytest.mark.slow)])
 def test_torch_ops_match_references(name):
     torch = pytest.importorskip("torch")
-    from tvm_roller.suite import references, workloads
+    from tvm_roller.tools.suite import references, workloads
 
     cls, idx = name.split(":")
     idx = int(idx)
@@ -502,7 +502,7 @@ import importlib.util, json, sys
 sys.modules["tvm"] = None
 # as python/gpu_check.py does for "run": the tvm_roller package without its __init__ (TVM)
 sys.modules["tvm_roller"] = importlib.util.module_from_spec(importlib.util.find_spec("tvm_roller"))
-from tvm_roller.cuda_check import gpu_check as g
+from tvm_roller.tools.cuda_check import gpu_check as g
 import torch
 d = {str(out)!r}
 m = g.load_manifest(g.Path(d))
@@ -520,8 +520,8 @@ for w in g.select(m["workloads"], "GMM,SFM:0,CHAIN"):
             n += len(cp.calls)
 assert "tvm" not in [k for k, v in sys.modules.items() if v is not None]
 assert not [k for k in sys.modules if k.startswith("tvm_roller.")
-            and not k.startswith("tvm_roller.cuda_check")], "tvm_roller modules imported"
-assert "tvm_roller.cuda_check.build" not in sys.modules
+            and not k.startswith("tvm_roller.tools.cuda_check")], "tvm_roller modules imported"
+assert "tvm_roller.tools.cuda_check.build" not in sys.modules
 print("launches", n)
 '''
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -14,7 +14,7 @@ from tvm import te
 from tvm.s_tir.meta_schedule.testing import te_workload as tw
 
 import tvm_roller
-from tvm_roller.cuda_check.replica import cpu_replica
+from tvm_roller.tools.cuda_check.replica import cpu_replica
 
 from conftest import assert_close, cuda_target, rand, run
 
@@ -28,7 +28,7 @@ def _replica_output(func, arrays, target=SM90, topk=1):
     p = tvm_roller.plan(func, target, topk)
     outs = []
     for tile in p.tiles:
-        sch = tvm_roller.api.apply(p, tile)
+        sch = tvm_roller.planner.apply(p, tile)
         lib = tvm.compile(cpu_replica(sch.mod), target="llvm")
         shape = [int(s) for s in func.params[-1].shape]
         outs.append(run(lib, arrays, shape, str(func.params[-1].dtype)))
@@ -76,7 +76,7 @@ def test_gemm_big_register_tiles():
                    key=lambda t: -math.prod(t.reg))[:3]
     assert math.prod(cands[0].reg) == 64
     for tile in cands:
-        lib = tvm.compile(cpu_replica(tvm_roller.api.apply(p, tile).mod), target="llvm")
+        lib = tvm.compile(cpu_replica(tvm_roller.planner.apply(p, tile).mod), target="llvm")
         assert_close(run(lib, arrays, (128, 192), "float32"), ref, 1e-4)
 
 
@@ -175,8 +175,8 @@ def test_relax_model_functions():
     """Every PrimFunc roller schedules in the BERT layer and the CNN, for sm_90, replicated."""
     import torch
 
-    from tvm_roller.compile_model import import_torch
-    from tvm_roller.examples import models
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.examples import models
     from tvm_roller.relax import fusion_passes
 
     for name in ("bert_layer", "resnet_cnn"):
@@ -202,7 +202,7 @@ def test_relax_model_functions():
             out_dt = str(func.params[-1].dtype)
             ref = run(tvm.compile(tvm.IRModule({"main": func}), target="llvm"), ins, out_shape,
                       out_dt)
-            lib = tvm.compile(cpu_replica(tvm_roller.api.apply(p, p.tiles[0]).mod), target="llvm")
+            lib = tvm.compile(cpu_replica(tvm_roller.planner.apply(p, p.tiles[0]).mod), target="llvm")
             assert_close(run(lib, ins, out_shape, out_dt), ref, 1e-4)
             n_checked += 1
         assert n_checked >= 12, (name, n_checked)  # batch norms fold into the convolutions
@@ -210,7 +210,7 @@ def test_relax_model_functions():
 
 def test_fp16_gemm_odd_shape_on_cuda_cores():
     """An fp16 GEMM tensor cores cannot take (13x17x19): CUDA cores, fp32 accumulation."""
-    from tvm_roller.suite import gpu_workloads
+    from tvm_roller.tools.suite import gpu_workloads
 
     func = gpu_workloads.fp16_gemm(13, 17, 19)
     a = rand((13, 19), "float32", 1).astype("float16")

@@ -16,9 +16,9 @@ import pytest
 
 import tvm_roller
 from tvm_roller import hardware
-from tvm_roller.cuda_check import build as cuda_build
-from tvm_roller.suite import gpu_workloads
-from tvm_roller.suite import workloads as W
+from tvm_roller.tools.cuda_check import build as cuda_build
+from tvm_roller.tools.suite import gpu_workloads
+from tvm_roller.tools.suite import workloads as W
 
 from conftest import CUDA_TARGETS, cuda_target
 
@@ -44,8 +44,8 @@ def test_builds_and_compiles(case, arch):
     dev = hardware.preset(PRESET[arch])
     p = tvm_roller.plan(_func(case), tgt, device=dev)
     tile = p.tiles[0]
-    sch = tvm_roller.api.apply(p, tile)
-    with tvm_roller.api.pass_context(tgt):
+    sch = tvm_roller.planner.apply(p, tile)
+    with tvm_roller.planner.Context.make(tgt).pass_context():
         rep = cuda_build.check(sch.mod, tgt, dev)
     assert rep.ok, rep.problems
     if case.split(":")[0] in COMPUTE_BOUND and tile.kind == "tiled":

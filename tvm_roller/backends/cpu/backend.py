@@ -13,7 +13,7 @@ from tvm_roller.backends.cpu.rules.chain import CpuChainRule
 from tvm_roller.backends.cpu.rules.conv import ConvRule
 from tvm_roller.backends.cpu.rules.streaming import StreamingRule
 from tvm_roller.backends.cpu.rules.tiled import TiledRule
-from tvm_roller.backends.cpu.vector_math import rewrite_vector_math, vector_math_pass
+from tvm_roller.backends.vector_math import rewrite_vector_math, vector_math_pass
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.calibrate import device_model as measured_device_model
 from tvm_roller.hardware.model import DeviceModel

@@ -208,7 +208,7 @@ def _split_l1_for_parallelism(fa: FuncAnalysis, reg: Tile, l1: Tile, cores: int,
 def _dynamic_variants(fa: FuncAnalysis, l1: Tile, l2: Tile) -> List[Tuple[Tile, Tile]]:
     """(l1, l2) with each dynamic axis's padding step (task tile of a spatial axis: multiples
     of the L1 tile; chunk of a reduction: its divisors) taken smaller than the static
-    policy's, so the model can weigh padding against reuse (``tvm_roller.dynamic`` splits a
+    policy's, so the model can weigh padding against reuse (``planner.buckets`` splits a
     bucket that still pads too much)."""
     options = []
     for i in fa.dynamic_axes:
@@ -300,7 +300,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
     ranked = sorted(cands.values(), key=rank)[:max(1, topk)]
     if not fa.dynamic_axes:
         return ranked
-    # a bucket of a function with symbolic extents (``tvm_roller.dynamic``): each of the best
+    # a bucket of a function with symbolic extents (``planner.buckets``): each of the best
     # tiles with its dynamic axes' padding step chosen for the bucket, predicted at the
     # bucket's worst-padded size (the planned one scaled by the extra work); the register and
     # L1 tiles, and so the reuse, stay the static policy's

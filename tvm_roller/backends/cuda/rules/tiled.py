@@ -6,9 +6,9 @@ from typing import List
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
-from tvm_roller.backends.base import InvalidTile, TiledOpRule
+from tvm_roller.backends.base import TiledOpRule
 from tvm_roller.backends.cuda import lower, policy, tensorcore
-from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 

@@ -1,0 +1,53 @@
+"""``tvm_roller.relax.compile``: the Relax pipeline with roller, and a whole-module cache."""
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+
+from tvm_roller.cache.modules import ModuleCache
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
+from tvm_roller.integrations.relax.pipeline import get_pipeline
+from tvm_roller.planner import Context, FuncReport, summarise
+
+
+def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A001
+            device: Optional[DeviceModel] = None, cache: CacheArg = True,
+            fast_math: bool = True, progress: Optional[bool] = None,
+            chains: Optional[list] = None, fuse_chains: bool = True,
+            conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None):
+    """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
+
+    With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.cache.modules`) under
+    a key made of the module's structural hash, the target, the device constants and roller's
+    code, so compiling the same model again is a load. Returns something
+    ``relax.VirtualMachine`` takes. On a cache hit ``report`` gets the entries stored with the
+    library (``cached`` set). ``chains`` gets the fusion decision for each matmul chain (not on
+    a cache hit). ``buckets``: see :func:`~tvm_roller.relax.schedule_pass` (a model with a
+    dynamic dimension is compiled once for every value of it; each function's report entry
+    lists its bucket kernels)."""
+    ctx = Context.make(target, device, schedule_cache(cache))
+    options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
+               "conv_layouts": conv_layouts}
+    if buckets:
+        options["buckets"] = {str(k): sorted(int(e) for e in v) for k, v in buckets.items()}
+    mcache = None if ctx.cache is None else ModuleCache()
+    if mcache is not None:
+        hit = mcache.load(mod, ctx.target, ctx.device, options)
+        if hit is not None:
+            lib, entries = hit
+            if report is not None:
+                report.extend(dict(e, cached=True) for e in entries)
+            summarise([FuncReport(**dict(e, cached=True)) for e in entries])
+            return lib
+    entries: list = []
+    with ctx.pass_context():
+        ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
+            ctx, entries, progress=progress, fast_math=fast_math, chains=chains,
+            fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets))
+    if report is not None:
+        report.extend(entries)
+    if mcache is not None:
+        mcache.store(mod, ctx.target, ctx.device, options, ex, entries)
+    return ex

@@ -1,0 +1,71 @@
+"""The pass in which roller schedules every fused PrimFunc of a model (through the planner's
+``schedule_function``: a declined or failing function keeps TVM's default, reported)."""
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Union
+
+import tvm
+from tvm import tirx
+
+from tvm_roller.cache.schedules import ScheduleCache
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
+from tvm_roller.planner import (Context, FuncReport, ScheduleOptions, is_scheduled,
+                                schedule_function, summarise)
+
+# Show a progress bar when a module has at least this many PrimFuncs to schedule.
+PROGRESS_MIN_FUNCS = 16
+
+CacheArg = Union[bool, None, ScheduleCache]
+
+
+def schedule_cache(cache: CacheArg) -> Optional[ScheduleCache]:
+    """``cache=`` as the integrations take it: True (the default persistent cache), False or
+    None (none) or a ScheduleCache."""
+    if cache is False or cache is None:
+        return None
+    return ScheduleCache() if cache is True else cache
+
+
+def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
+                  cache: CacheArg = True, progress: Optional[bool] = None,
+                  buckets: Optional[dict] = None) -> tvm.transform.Pass:
+    """A module pass that schedules every unscheduled PrimFunc with roller.
+
+    ``target``: a target or the planner's :class:`Context`. ``cache``: see
+    :func:`schedule_cache`. ``progress``: a tqdm bar over functions; None = only for modules
+    with many functions. A function with symbolic extents is planned per bucket of its shape
+    variables, within the bounds the module's Relax functions give them; ``buckets`` (variable
+    name -> bucket upper ends) replaces the default powers of two. ``report`` gets one dict per
+    PrimFunc (:class:`~tvm_roller.planner.FuncReport`)."""
+    ctx = Context.make(target, device, schedule_cache(cache))
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerSchedule")
+    def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        todo = [(gv, f) for gv, f in mod.functions_items()
+                if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
+        options = ScheduleOptions(module_bounds(mod), buckets)
+        entries: List[FuncReport] = []
+        for gv, func in _progress(todo, progress):
+            t0 = time.perf_counter()
+            res = schedule_function(func, ctx, gv.name_hint, options)
+            if res.kernel is not None:
+                mod[gv] = res.kernel
+            res.entry.schedule_s = time.perf_counter() - t0
+            entries.append(res.entry)
+        summarise(entries)
+        if report is not None:
+            report.extend(e.to_dict() for e in entries)
+        return mod
+
+    return _schedule
+
+
+def _progress(items, progress: Optional[bool]):
+    show = len(items) >= PROGRESS_MIN_FUNCS if progress is None else progress
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc="roller", unit="func", leave=False)

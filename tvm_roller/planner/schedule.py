@@ -1,0 +1,155 @@
+"""Scheduling one function, with the one decline / error / un-group / fallback path.
+
+``schedule_function`` is what every integration calls for each function (``build``, the Relax
+pipeline, dlight): it returns roller's kernel (or None: leave the function to TVM's default) and
+the function's report entry. It never raises for a failure inside roller: a function roller
+declines (``UnsupportedError``: a reason) or fails on (any other error: a defect, reported with
+its type and message) is left to TVM's default, except one holding several operators (a matmul
+chain roller grouped), which is retried as those operators one by one, each scheduled through
+this same function. The caller decides what a failure means for it (``build`` raises it unless
+``fallback=True``, dlight hands the function to the next rule, Relax keeps TVM's default).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import tvm
+from tvm import s_tir, tirx
+
+from tvm_roller.analysis import symbolic
+from tvm_roller.backends.registry import backend_for, has_backend
+from tvm_roller.core.errors import UnsupportedError, first_lines
+from tvm_roller.fusion import split
+from tvm_roller.planner.buckets import lower_dynamic, plan_dynamic
+from tvm_roller.planner.context import Context
+from tvm_roller.planner.lower import plan_and_lower
+from tvm_roller.planner.report import FuncReport
+
+logger = logging.getLogger("tvm_roller")
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How a function with symbolic extents is bucketed: the shape variables' bounds (name ->
+    (lower, upper)) and the user's bucket ends (name -> sizes; None: powers of two)."""
+
+    bounds: Optional[dict] = None
+    buckets: Optional[dict] = None
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One function's outcome: roller's kernel (marked scheduled; None: TVM's default builds the
+    function), its report entry, the exception that made roller decline or fail (None when all
+    went through roller), and with ``check`` the kernel's own build."""
+
+    kernel: Optional[tirx.PrimFunc]
+    entry: FuncReport
+    error: Optional[BaseException] = None
+    executable: Optional[tvm.runtime.Executable] = None
+
+
+def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
+                      options: Optional[ScheduleOptions] = None,
+                      check: bool = True) -> Scheduled:
+    """Roller's kernel of ``func`` and its report entry (see the module doc). ``check``: build
+    the kernel alone now, so a schedule TVM cannot lower or compile fails here, for this
+    function alone (and is reported), not later in a whole model's build."""
+    options = options or ScheduleOptions()
+    try:
+        kernel, entry = _kernel(name, func, ctx, options)
+        kernel = kernel.with_attr("tirx.is_scheduled", True)
+        return Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
+    except UnsupportedError as err:
+        return _fallback(name, func, ctx, options, check, "decline", str(err), err)
+    except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
+        reason = f"{type(err).__name__}: {first_lines(err)}"
+        logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
+        return _fallback(name, func, ctx, options, check, "error", reason, err)
+
+
+def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptions
+            ) -> Tuple[tirx.PrimFunc, FuncReport]:
+    """The kernel: one per bucket dispatched at run time for symbolic extents, else the best
+    tile's schedule (both planned through the context's cache)."""
+    if symbolic.is_symbolic(func):
+        dp = plan_dynamic(func, ctx, bounds=options.bounds, buckets=options.buckets)
+        top = dp.cases[-1].plan.tiles[0]
+        return lower_dynamic(dp), FuncReport(name, "roller", dp.kind, top.to_dict(),
+                                             top.predicted_s, cached=dp.from_cache,
+                                             buckets=dp.buckets())
+    ps = plan_and_lower(func, ctx)
+    decision = ps.lowered.fusion
+    fusion = "" if decision is None else \
+        f"{'fused' if decision.fuse else 'unfused'}: {decision.reason}"
+    tile = ps.plan.tiles[0]
+    return ps.schedule.mod["main"], FuncReport(name, "roller", tile.kind, tile.to_dict(),
+                                               tile.predicted_s, cached=ps.from_cache,
+                                               fusion=fusion)
+
+
+def _build(kernel: tirx.PrimFunc, ctx: Context) -> tvm.runtime.Executable:
+    """The kernel built alone (a Relax module's private PrimFuncs have no symbol: "main")."""
+    if kernel.attrs is None or "global_symbol" not in kernel.attrs:
+        kernel = kernel.with_attr("global_symbol", "main")
+    with ctx.pass_context():
+        return tvm.compile(tvm.IRModule({"main": kernel}), target=ctx.target)
+
+
+def _fallback(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptions,
+              check: bool, fallback: str, reason: str, err: BaseException) -> Scheduled:
+    """The one fallback: ``func``'s operators one by one when it has several (a chain group
+    that cannot be fused or planned whole is un-grouped this way), else TVM's default."""
+    whole = Scheduled(None, FuncReport(name, "fallback", reason=reason, fallback=fallback), err)
+    try:
+        groups = split.reduction_groups(func)
+    except UnsupportedError:
+        return whole
+    if len(groups) < 2:
+        return whole
+    parts: List[Tuple[str, str]] = []  # (fallback kind, reason) of each part left to TVM
+    scheduled = []
+
+    def one(part: tirx.PrimFunc) -> s_tir.Schedule:
+        res = schedule_function(part, ctx, f"{name}/part", options, check)
+        if res.kernel is None:
+            parts.append((res.entry.fallback, res.entry.reason))
+            return s_tir.Schedule(default_schedule(tvm.IRModule({"main": part}),
+                                                   ctx.target)["main"])
+        scheduled.append(part)
+        return s_tir.Schedule(res.kernel)
+
+    try:
+        kernel = split.build_groups(func, groups, one).mod["main"].with_attr(
+            "tirx.is_scheduled", True)
+        executable = _build(kernel, ctx) if check else None
+    except Exception as split_err:  # noqa: BLE001  (the whole function's reason is reported)
+        whole.entry.reason += f"; as its operators: {type(split_err).__name__}: " \
+                              f"{first_lines(split_err)}"
+        return whole
+    if not scheduled:  # every operator left to TVM's default: so is the whole function
+        return whole
+    worst = "error" if fallback == "error" or any(k == "error" for k, _ in parts) else \
+        ("decline" if parts else "")
+    detail = f"{reason}; built as its {len(groups)} operators one by one"
+    if parts:
+        detail += f" ({len(parts)} left to TVM's default: " + \
+            "; ".join(r for _, r in parts) + ")"
+    return Scheduled(kernel, FuncReport(name, "roller", "operators", reason=detail,
+                                        fallback=worst), err, executable)
+
+
+def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """TVM's own default treatment of ``mod`` for a normalised ``target``: unscheduled on a CPU,
+    dlight's default rules on a GPU (what roller's results are compared with, and the fallback
+    for what roller declines). A target roller has no backend for gets TVM's own build."""
+    if not has_backend(target):
+        return mod
+    return backend_for(target).default_schedule(mod, target)
+
+
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Marked done by a schedule rule or pass (``tirx.is_scheduled``): left alone."""
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))

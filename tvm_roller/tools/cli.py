@@ -1,0 +1,218 @@
+"""``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``.
+
+Heavy imports (tvm, torch, roller itself) happen inside the subcommands so ``--help`` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, List, Optional
+
+_TARGET_HELP = ("target as a JSON dict (e.g. '{\"kind\": \"llvm\", \"mcpu\": \"znver4\", "
+                "\"num-cores\": 2}') or a tag / kind string ('llvm', 'nvidia/nvidia-h100'); "
+                "default: this host's CPU")
+
+
+def _target(s: Optional[str]) -> Any:
+    # The JSON form is parsed here so a typo fails with a clear message, not deep inside TVM.
+    from tvm_roller.tools.suite.runner import parse_target
+
+    return parse_target(s)
+
+
+def _cmd_suite(args: argparse.Namespace) -> int:
+    from tvm_roller.tools.suite import workloads
+    from tvm_roller.tools.suite.runner import run_suite
+
+    workloads.list_workloads(args.ops)  # validate before the heavy imports
+    records = run_suite(ops=args.ops, target=_target(args.target), json_out=args.json,
+                        repeat=args.repeat, peers=not args.no_peers)
+    return 0 if records and all(r["ok"] for r in records) else 1
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from tvm_roller.hardware import calibrate
+
+    model = calibrate(target=_target(args.target), quick=args.quick)
+    print(str(model))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import tvm_roller
+    from tvm_roller.hardware import host_target
+    from tvm_roller.tools.suite import workloads
+
+    from tvm_roller.hardware import preset
+    from tvm_roller.tools.suite import gpu_workloads
+
+    device = preset(args.device) if args.device else None
+    if args.op.upper().startswith("HGEMM"):  # the fp16 GEMMs of the CUDA checks
+        funcs = [(args.op.upper(), gpu_workloads.create(args.op.upper()))]
+    else:
+        funcs = [(workloads.workload_name(c, i), workloads.create(c, i))
+                 for c, i in workloads.list_workloads(args.op)]
+    target = _target(args.target) or host_target()
+    for name, func in funcs:
+        if len(funcs) > 1:
+            print(f"== {name} ==")
+        print(tvm_roller.explain(func, target, device=device))
+    return 0
+
+
+def _cmd_compile_model(args: argparse.Namespace) -> int:
+    import json
+
+    from tvm_roller.tools.compile_model import (compile_model, default_input_shape, format_result,
+                                          load_factory)
+
+    factory, mod_name, fn_name = load_factory(args.model)
+    if args.input_shape:
+        try:
+            shape = tuple(int(s) for s in args.input_shape.split(","))
+        except ValueError:
+            raise ValueError(f"--input-shape must be comma-separated integers, got "
+                             f"{args.input_shape!r}") from None
+    else:
+        shape = default_input_shape(mod_name, fn_name)
+        if shape is None:
+            raise ValueError(f"{args.model} declares no INPUT_SHAPES entry: pass --input-shape")
+    result = compile_model(factory(), shape, _target(args.target), name=args.model,
+                           cache=not args.no_cache, tvm_default=not args.no_tvm_default)
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result.to_dict(), fh, indent=1)
+    return 0 if result.max_abs_err <= args.tol else 1
+
+
+def _cmd_costcheck(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from tvm_roller.tools.costcheck.dataset import (load_dataset, measure_workloads, repredict,
+                                              save_dataset)
+    from tvm_roller.tools.costcheck.report import build_report, plot
+    from tvm_roller.tools.suite import workloads
+
+    os.makedirs(args.out, exist_ok=True)
+    if args.dataset:
+        cands, meta = load_dataset(args.dataset)
+        if args.repredict:
+            cands = repredict(cands, _target(args.target))
+    else:
+        workloads.list_workloads(args.ops)  # validate before measuring
+        cands, meta = measure_workloads(args.ops, _target(args.target), n_top=args.n_top,
+                                        n_random=args.n_random, repeat=args.repeat,
+                                        seed=args.seed)
+        save_dataset(os.path.join(args.out, "dataset.json"), cands, meta)
+    report = build_report(cands, meta)
+    with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    plots = plot(cands, report, args.out)  # [] with a message when matplotlib is missing
+    print(f"{'op':<8} {'n':>3} {'spearman':>9} {'kendall':>8} {'xgb sp':>7} {'xgb kt':>7} "
+          f"{'regret':>7}")
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    for r in report["workloads"]:
+        print(f"{r['op']:<8} {r['n_candidates']:>3} {fmt(r['spearman_model']):>9} "
+              f"{fmt(r['kendall_model']):>8} {fmt(r['spearman_xgb']):>7} "
+              f"{fmt(r['kendall_xgb']):>7} {r['top1_regret']:>7.3f}")
+    print("summary: " + json.dumps(report["summary"]))
+    written = ["report.json"] + ([] if args.dataset else ["dataset.json"])
+    written += [os.path.basename(p) for p in plots]
+    print(f"wrote {args.out}/" + ", ".join(written))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tvm-roller",
+        description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
+    sub = ap.add_subparsers(dest="cmd",
+                            metavar="{suite,calibrate,explain,compile-model,costcheck}")
+    sub.required = True
+
+    s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
+                       description="Construct, build, check and time every workload of TVM's "
+                                   "te_workload suite (13 classes x 4 shapes) and compare with "
+                                   "PyTorch, numpy, TVM's unscheduled build and the shared "
+                                   "MetaSchedule-tuned records. Exit status 1 if any workload "
+                                   "failed or was wrong.")
+    s.add_argument("--ops", default=None,
+                   help="comma-separated CLASS or CLASS:INDEX, e.g. 'GMM,C2D:1' (default: all 52)")
+    s.add_argument("--target", default=None, help=_TARGET_HELP)
+    s.add_argument("--json", metavar="OUT", default=None, help="write one JSON object per workload")
+    s.add_argument("--no-peers", action="store_true", help="time roller's kernels only")
+    s.add_argument("--repeat", type=int, default=5, help="timing repeats (median; default 5)")
+    s.set_defaults(fn=_cmd_suite)
+
+    c = sub.add_parser("calibrate", help="measure the device model roller plans with and print it")
+    c.add_argument("--target", default=None, help=_TARGET_HELP)
+    c.add_argument("--quick", action="store_true", help="short measurements")
+    c.set_defaults(fn=_cmd_calibrate)
+
+    e = sub.add_parser("explain", help="print roller's plan for a suite workload")
+    e.add_argument("--op", required=True, help="CLASS:INDEX, e.g. GMM:1 (a bare CLASS explains all 4)")
+    e.add_argument("--target", default=None, help=_TARGET_HELP)
+    e.add_argument("--device", default=None,
+                   help="a device preset to plan for (e.g. h200, which has no TVM tag)")
+    e.set_defaults(fn=_cmd_explain)
+
+    m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
+                       description="Import MODULE, call FACTORY() for an nn.Module, export it with "
+                                   "torch.export, compile it with roller's Relax pipeline, check "
+                                   "it against PyTorch on random input and print compile time, "
+                                   "latency vs PyTorch and TVM's default build, and the per-"
+                                   "function report. Exit status 1 if the error exceeds --tol.")
+    m.add_argument("model", help="MODULE:FACTORY, e.g. tvm_roller.tools.examples.models:bert_layer")
+    m.add_argument("--input-shape", default=None,
+                   help="comma-separated input shape, e.g. 1,128,768 (default: the module's "
+                        "INPUT_SHAPES entry)")
+    m.add_argument("--target", default=None, help=_TARGET_HELP)
+    m.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
+    m.add_argument("--no-tvm-default", action="store_true",
+                   help="skip building/timing TVM's default (unscheduled) build")
+    m.add_argument("--tol", type=float, default=1e-3, help="max abs error allowed (default 1e-3)")
+    m.add_argument("--json", metavar="OUT", default=None, help="write the result as JSON")
+    m.set_defaults(fn=_cmd_compile_model)
+
+    k = sub.add_parser("costcheck", help="check the micro-model's ranking against measurements",
+                       description="Measure roller's top-k and random valid rTiles of suite "
+                                   "workloads, compare the analytical model's and a by-workload "
+                                   "cross-validated XGBoost model's predictions with the measured "
+                                   "latencies, and write OUT/report.json (per workload: op, "
+                                   "n_candidates, spearman/kendall of model and XGBoost, "
+                                   "top1_regret; summary: median_spearman_model, "
+                                   "median_spearman_xgb, top1_within10_frac), OUT/dataset.json "
+                                   "and the plots.")
+    k.add_argument("--ops", default=None, help="CLASS or CLASS:INDEX list, e.g. GMM:0,C2D:2")
+    k.add_argument("--out", required=True, help="output directory")
+    k.add_argument("--target", default=None, help=_TARGET_HELP)
+    k.add_argument("--n-top", type=int, default=10, help="roller's top-k measured (default 10)")
+    k.add_argument("--n-random", type=int, default=20,
+                   help="random valid rTiles measured per workload (default 20)")
+    k.add_argument("--repeat", type=int, default=10, help="timing repeats (the best; default 10)")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--dataset", default=None,
+                   help="re-analyse an existing dataset.json instead of measuring")
+    k.add_argument("--repredict", action="store_true",
+                   help="with --dataset: predict its measured tiles again with the current model "
+                        "and this machine's device model")
+    k.set_defaults(fn=_cmd_costcheck)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except (ValueError, OSError) as e:
+        # Bad --ops / --target / unsupported workload, a missing or unwritable file: one clear
+        # line instead of a traceback.
+        print(f"tvm-roller {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Example PyTorch models for ``tvm-roller compile-model`` (see :mod:`tvm_roller.tools.examples.models`)."""

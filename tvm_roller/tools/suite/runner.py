@@ -1,0 +1,403 @@
+"""Run the suite: construct each workload's schedule with roller, build, check, time, compare.
+
+For every workload: random inputs (``np.random.default_rng(seed)``, uniform in [-1, 1]),
+``tvm_roller.schedule`` (timed: ``construct_s``), ``tvm.compile`` (``build_s``), one run checked
+against the float64 reference, then ``time_evaluator`` (median). Peers, re-measured in the same
+process: PyTorch (float32, ``set_num_threads(num-cores)``), numpy (GMM/SFM/NRM), TVM's own
+unscheduled build, and the shared MetaSchedule-tuned record where one exists.
+
+A failure in one workload (schedule/build/run raising) is recorded with its message (``ok`` False,
+``error``) and the suite goes on.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+
+import numpy as np
+
+from tvm_roller.tools.suite import baselines, references, workloads
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tvm
+    from tvm.s_tir import Schedule
+
+# Errors a workload's schedule/build/run may raise. TVM's own errors (ScheduleError, InternalError,
+# OpError, ...) subclass RuntimeError; roller's UnsupportedError is a ValueError. ImportError and
+# KeyboardInterrupt are deliberately absent: they are not per-workload failures.
+WORKLOAD_ERRORS: Tuple[type, ...] = (
+    RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError, AssertionError,
+    NotImplementedError, ArithmeticError, MemoryError,
+)
+
+# TVM's unscheduled build runs at ~0.35-4 GFLOP/s here; assume 0.5 to estimate one run and skip
+# the peer when that estimate exceeds DEFAULT_BUDGET_S (C3D:0/2/3 and GMM:3 take 4-30 s each).
+NAIVE_GFLOPS = 0.5
+DEFAULT_BUDGET_S = 2.0
+
+PEERS = ("torch", "numpy", "tvm_default", "ms_tuned")
+_PEER_LABEL = {"torch": "xtorch", "numpy": "xnumpy", "tvm_default": "xtvm-def", "ms_tuned": "xMS-tuned"}
+
+ScheduleFn = Callable[[Any, Any], "Schedule"]
+
+
+def parse_target(target: Any) -> Any:
+    """A CLI/user target: None, a JSON dict string, a tag or kind string, a dict or a Target."""
+    if isinstance(target, str) and target.strip().startswith("{"):
+        try:
+            return json.loads(target)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"target {target!r} is not a valid JSON dict: {e}") from None
+    return target
+
+
+def resolve_target(target: Any = None,
+                   normalize: Optional[Callable[[Any], "tvm.target.Target"]] = None
+                   ) -> "tvm.target.Target":
+    """roller's normalized target (mcpu and num-cores completed for llvm); host CPU by default."""
+    target = parse_target(target)
+    if target is None:
+        target = {"kind": "llvm"}
+    if normalize is None:
+        from tvm_roller.hardware import normalize_target as normalize
+    return normalize(target)
+
+
+def _device(target: "tvm.target.Target"):
+    import tvm
+
+    return tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
+
+
+def _num_cores(target: "tvm.target.Target") -> int:
+    n = target.attrs.get("num-cores") if target.kind.name == "llvm" else None
+    return int(n) if n else (os.cpu_count() or 1)
+
+
+# Pause before timing a different runtime: TVM's pool workers and torch's OpenMP threads busy-wait
+# for a while after their last parallel region and would steal one of the 2 cores from the next.
+SETTLE_S = 0.05
+
+
+def _settle() -> None:
+    time.sleep(SETTLE_S)
+
+
+def _load_avg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+
+
+def _busy_warning() -> Optional[str]:
+    """Other processes on a 2-core box make every latency (OpenMP peers most) noisy: say so."""
+    load, cores = _load_avg(), os.cpu_count() or 1
+    if load is not None and load > 0.5 * cores:
+        return (f"warning: load average {load:.2f} on {cores} cores before the run: other "
+                f"processes are running, latencies (multi-threaded peers most) will be noisy")
+    return None
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500]
+
+
+def time_callable(fn: Callable[[], Any], repeat: int, min_repeat_ms: float) -> float:
+    """Median seconds per call of a Python peer, measured like ``time_evaluator``: one warm-up
+    call, then ``repeat`` batches of ``number`` calls, ``number`` grown until a batch lasts
+    ``min_repeat_ms``."""
+    t0 = time.perf_counter()
+    fn()  # warm-up: allocator, oneDNN primitive creation, thread pool start
+    one = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, math.ceil(min_repeat_ms / 1e3 / one))
+    samples = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return float(statistics.median(samples))
+
+
+def _time_tvm(ex: Any, dev: Any, args: Sequence[Any], repeat: int, min_repeat_ms: int,
+              number: int = 1) -> float:
+    timer = ex.mod.time_evaluator("main", dev, number=number, repeat=repeat,
+                                  min_repeat_ms=int(min_repeat_ms))
+    return float(timer(*args).median)
+
+
+def _run_tvm(ex: Any, dev: Any, inputs: Sequence[np.ndarray],
+             out_spec: Tuple[Tuple[int, ...], str]) -> Tuple[List[Any], np.ndarray]:
+    """Run once; returns the device args (inputs + output) for timing and the output."""
+    import tvm
+
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    args.append(tvm.runtime.empty(out_spec[0], out_spec[1], dev))
+    ex(*args)
+    dev.sync()
+    return args, args[-1].numpy()
+
+
+def _default_schedule() -> ScheduleFn:
+    # Resolved once, before the loop: a missing API is an ImportError for the whole run,
+    # not 52 recorded failures.
+    import tvm_roller
+
+    return tvm_roller.schedule
+
+
+def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: ScheduleFn,
+                 repeat: int = 5, min_repeat_ms: int = 100, peers: bool = True,
+                 seed: int = 0, default_budget_s: float = DEFAULT_BUDGET_S) -> Dict[str, Any]:
+    """One row of the suite (see ``run_suite`` for the keys)."""
+    import tvm
+
+    name = workloads.workload_name(cls, idx)
+    rec: Dict[str, Any] = {
+        "workload": name, "class": cls, "idx": idx, "ok": False, "error": None,
+        "construct_s": None, "build_s": None, "latency_s": None, "max_rel_err": None,
+        "torch_s": None, "numpy_s": None, "tvm_default_s": None, "ms_tuned_s": None,
+        "ms_tune_s": None, "ms_ok": None, "ms_database": None, "notes": [],
+    }
+    func = workloads.create(cls, idx)
+    flops, nbytes = workloads.flop_count(func), workloads.bytes_moved(func)
+    mem = workloads.is_memory_bound(cls)
+    rec.update(flops=flops, bytes=nbytes, memory_bound=mem, target=str(target),
+               rtol=references.tolerance(cls, idx), load_avg=_load_avg())
+    inputs = workloads.random_inputs(func, seed)
+    out_spec = workloads.output_spec(func)
+    ref = references.reference(cls, idx, inputs)
+    dev = _device(target)
+    notes: List[str] = rec["notes"]
+
+    # -- roller -----------------------------------------------------------------------------
+    stage = "schedule"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            sch = schedule(func, target)
+            rec["construct_s"] = time.perf_counter() - t0
+        notes.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        stage = "build"
+        t0 = time.perf_counter()
+        ex = tvm.compile(sch.mod, target)
+        rec["build_s"] = time.perf_counter() - t0
+        stage = "run"
+        args, out = _run_tvm(ex, dev, inputs, out_spec)
+        ok, err = references.compare(out, ref, rec["rtol"])
+        rec["max_rel_err"] = err if math.isfinite(err) else None
+        stage = "time"
+        _settle()
+        rec["latency_s"] = _time_tvm(ex, dev, args, repeat, min_repeat_ms)
+        rec["ok"] = ok
+        if not ok:
+            rec["error"] = f"wrong result: max rel err {err:.3g} > {rec['rtol']:.1g}"
+    except WORKLOAD_ERRORS as e:
+        rec["error"] = f"{stage}: {_err(e)}"
+    lat = rec["latency_s"]
+    if lat:
+        rec["gflops"] = flops / lat / 1e9
+        rec["gbps"] = nbytes / lat / 1e9
+
+    if not peers:
+        return rec
+
+    # -- PyTorch / numpy --------------------------------------------------------------------
+    if target.kind.name == "llvm":
+        try:
+            peer = references.torch_peer(cls, idx, inputs, num_threads=_num_cores(target))
+            _settle()
+            rec["torch_s"] = time_callable(peer.fn, repeat, min_repeat_ms)
+        except WORKLOAD_ERRORS as e:
+            notes.append(f"torch: {_err(e)}")
+        try:
+            npeer = references.numpy_peer(cls, idx, inputs)
+            if npeer is not None:
+                _settle()
+                rec["numpy_s"] = time_callable(npeer.fn, repeat, min_repeat_ms)
+        except WORKLOAD_ERRORS as e:
+            notes.append(f"numpy: {_err(e)}")
+    else:
+        notes.append(f"torch/numpy peers: CPU only, target is {target.kind.name}")
+
+    # -- TVM's unscheduled build ------------------------------------------------------------
+    est = flops / (NAIVE_GFLOPS * 1e9)
+    if target.kind.name != "llvm":
+        notes.append("tvm-default: unscheduled TIR needs thread bindings on GPU; skipped")
+    elif est > default_budget_s:
+        notes.append(f"tvm-default skipped: ~{est:.0f} s per run estimated "
+                     f"({flops / 1e9:.1f} GFLOP at ~{NAIVE_GFLOPS} GFLOP/s)")
+    else:
+        try:
+            ex_d = tvm.compile(tvm.IRModule({"main": func}), target)
+            args_d, _ = _run_tvm(ex_d, dev, inputs, out_spec)
+            # One run: these are slow (up to ~1 s) and stable.
+            _settle()
+            rec["tvm_default_s"] = _time_tvm(ex_d, dev, args_d, repeat=1, min_repeat_ms=0)
+        except WORKLOAD_ERRORS as e:
+            notes.append(f"tvm-default: {_err(e)}")
+
+    # -- MetaSchedule-tuned record ----------------------------------------------------------
+    reason = baselines.skip_reason(target)
+    if reason is None:
+        try:
+            ms_db = baselines.source_info(target)  # which database: shipped, re-tuned here, ...
+            rec["ms_database"] = ms_db
+            ms_dir = Path(ms_db["path"])
+            ms_sch = baselines.tuned_schedule(cls, idx, target, ms_dir)
+            if ms_sch is not None:
+                rec["ms_tune_s"] = baselines.tune_seconds(cls, idx, ms_dir)
+                ex_m = tvm.compile(ms_sch.mod, target)
+                args_m, out_m = _run_tvm(ex_m, dev, inputs, out_spec)
+                rec["ms_ok"] = references.compare(out_m, ref, rec["rtol"])[0]
+                _settle()
+                rec["ms_tuned_s"] = _time_tvm(ex_m, dev, args_m, repeat, min_repeat_ms)
+        except WORKLOAD_ERRORS as e:
+            notes.append(f"ms-tuned: {_err(e)}")
+    elif idx == 1:  # only shape 1 has records: say why once per class
+        notes.append(f"ms-tuned skipped: {reason}")
+    return rec
+
+
+# -- report -------------------------------------------------------------------------------------
+_COLS = [("workload", 8), ("construct_s", 11), ("build_s", 8), ("latency_ms", 11), ("perf", 13),
+         ("xtorch", 7), ("xnumpy", 7), ("xtvm-def", 8), ("xMS-tuned", 9), ("ok", 4)]
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _speedup(rec: Dict[str, Any], peer: str) -> Optional[float]:
+    """peer latency / roller latency: > 1 means roller's kernel is faster."""
+    p, lat = rec.get(f"{peer}_s"), rec.get("latency_s")
+    return p / lat if (p and lat and rec.get("ok")) else None
+
+
+def format_row(rec: Dict[str, Any]) -> str:
+    lat = rec.get("latency_s")
+    if lat:
+        perf = (f"{rec['gbps']:.1f} GB/s" if rec["memory_bound"] else f"{rec['gflops']:.1f} GF/s")
+    else:
+        perf = "-"
+    cells = [rec["workload"], _fmt(rec.get("construct_s"), ".3f"), _fmt(rec.get("build_s"), ".2f"),
+             _fmt(lat * 1e3 if lat else None, ".4f"), perf]
+    cells += [_fmt(_speedup(rec, p), ".2f") for p in PEERS]
+    cells.append("ok" if rec.get("ok") else "FAIL")
+    return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, (_, w)) in enumerate(zip(cells, _COLS)))
+
+
+def header() -> str:
+    return "  ".join(n.rjust(w) if i else n.ljust(w) for i, (n, w) in enumerate(_COLS))
+
+
+def _geomean(xs: Sequence[float]) -> Optional[float]:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(records: Sequence[Dict[str, Any]]) -> str:
+    n = len(records)
+    n_ok = sum(1 for r in records if r.get("ok"))
+    cons = [r["construct_s"] for r in records if r.get("construct_s") is not None]
+    builds = [r["build_s"] for r in records if r.get("build_s") is not None]
+    parts = [f"{n_ok} ok / {n}",
+             f"median construct_s {_fmt(statistics.median(cons) if cons else None, '.3f')}",
+             f"median build_s {_fmt(statistics.median(builds) if builds else None, '.2f')}"]
+    for p in PEERS:
+        sp = [s for s in (_speedup(r, p) for r in records) if s]
+        g = _geomean(sp)
+        parts.append(f"geomean {_PEER_LABEL[p]} {_fmt(g, '.2f')} ({len(sp)})")
+    line = "summary: " + "; ".join(parts)
+    tuned = [r for r in records if r.get("ms_tune_s") and r.get("construct_s") is not None]
+    if tuned:
+        line += (f"\nsearch time: MetaSchedule tune_s median "
+                 f"{statistics.median(r['ms_tune_s'] for r in tuned):.0f} s vs roller construct_s "
+                 f"median {statistics.median(r['construct_s'] for r in tuned):.3f} s "
+                 f"on the same {len(tuned)} workloads")
+    return line
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        return v.item()
+    return v
+
+
+def write_json(records: Sequence[Dict[str, Any]], path: str | os.PathLike) -> None:
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    data = [{k: _jsonable(v) for k, v in r.items()} for r in records]
+    p.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
+              json_out: Optional[str | os.PathLike] = None, repeat: int = 5,
+              peers: bool = True, *, min_repeat_ms: int = 100, seed: int = 0,
+              out: Optional[TextIO] = None,
+              _schedule: Optional[ScheduleFn] = None,
+              _normalize: Optional[Callable[[Any], "tvm.target.Target"]] = None,
+              ) -> List[Dict[str, Any]]:
+    """Run the suite and print a table plus a summary line; returns one dict per workload.
+
+    Keys: ``workload`` ("GMM:1"), ``ok``, ``error``, ``construct_s``, ``build_s``, ``latency_s``,
+    ``max_rel_err``, ``gflops``, ``gbps``, ``flops``, ``bytes``, ``memory_bound``, the peers'
+    latencies ``torch_s``, ``numpy_s``, ``tvm_default_s``, ``ms_tuned_s``, MetaSchedule's search
+    time ``ms_tune_s``, ``ms_database`` (the baseline database used: ``source`` shipped / retuned /
+    env / shared, ``path``, ``tuned_for``) and ``notes``. ``json_out`` writes that list as JSON.
+
+    ``_schedule``/``_normalize`` are private hooks for testing the harness without roller.
+    """
+    out = out or sys.stdout
+    wls = workloads.list_workloads(ops)  # ValueError on a bad spec, before any work
+    schedule = _schedule or _default_schedule()
+    tgt = resolve_target(target, _normalize)
+
+    torch_threads = None
+    if peers:
+        import torch
+
+        torch_threads = torch.get_num_threads()
+    print(f"tvm-roller suite: {len(wls)} workloads, target {tgt}", file=out)
+    if peers:
+        reason = baselines.skip_reason(tgt)
+        print(f"peers: torch ({_num_cores(tgt)} threads), numpy (GMM/SFM/NRM), tvm-default "
+              f"(unscheduled), ms-tuned ({reason or baselines.compile_note(tgt)})", file=out)
+    busy = _busy_warning()
+    if busy:
+        print(busy, file=out)
+    print("x<peer> = peer latency / roller latency (>1: roller faster); "
+          "perf in GB/s for memory-bound SFM/NRM/DEP", file=out)
+    print(header(), file=out, flush=True)
+    records: List[Dict[str, Any]] = []
+    try:
+        for cls, idx in wls:
+            rec = run_workload(cls, idx, tgt, schedule=schedule, repeat=repeat,
+                               min_repeat_ms=min_repeat_ms, peers=peers, seed=seed)
+            records.append(rec)
+            print(format_row(rec), file=out, flush=True)
+            for msg in ([rec["error"]] if rec["error"] else []) + rec["notes"]:
+                print(f"    {rec['workload']}: {msg}", file=out)
+    finally:
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        if json_out is not None and records:
+            write_json(records, json_out)
+    print(summarize(records), file=out, flush=True)
+    if json_out is not None:
+        print(f"wrote {json_out}", file=out)
+    return records
