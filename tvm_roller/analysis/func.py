@@ -135,6 +135,19 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
     backend passes its own); streaming kernels take them and the integer and bool types too."""
     func = unwrap_func(func)
     tiled_dtypes = tuple(tiled_dtypes)
+    buffers, checker = _check_signature(func, tiled_dtypes)
+    infos, stmts = _collect_blocks(func)
+    _check_blocks(infos, stmts, checker)
+    main_info = _main_block(infos)
+    fa = _main_analysis(func, infos, main_info, stmts[main_info.name])
+    _classify(fa, main_info, infos, buffers, tiled_dtypes)
+    return fa
+
+
+def _check_signature(func: tirx.PrimFunc,
+                     tiled_dtypes: Tuple[str, ...]) -> Tuple[list, _IndexChecker]:
+    """The function's buffer parameters and its index checker (its gather, if any), once the
+    shapes, the indices, the parameters and the dtypes pass."""
     streaming_dtypes = tiled_dtypes + _INT_DTYPES
     # In TVM 0.27 every parameter is a tirx.Var (tirx.Buffer is Var): buffers are the Vars whose
     # type is a BufferType, scalars have a PrimType (and no usable .shape).
@@ -161,7 +174,11 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
                 f"dtype {buf.dtype} of {buf.name} is not handled by this backend "
                 f"(supported: {', '.join(tiled_dtypes)}; integer and bool tensors in "
                 "memory-bound kernels)")
+    return buffers, checker
 
+
+def _collect_blocks(func: tirx.PrimFunc) -> Tuple[List[BlockInfo], Dict[str, s_tir.SBlock]]:
+    """One BlockInfo per child of the root block, in order, and each block by name."""
     if not _has_root_block(func):
         # e.g. TVM's legalized cumsum: a hand-written loop nest in one opaque block
         raise UnsupportedError("the function has no root block (a hand-written loop nest, "
@@ -177,20 +194,31 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
         if len(loops) and not all(sch.get(l).kind == 0 for l in loops):
             raise UnsupportedError(f"block {blk.name_hint} already has scheduled loops")
         stmts[blk.name_hint] = blk
-        axes = []
-        for iv in blk.iter_vars:
-            if iv.iter_type not in (_SPATIAL, _REDUCE):
-                raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is neither "
-                                       "spatial nor a commutative reduction")
-            ext = _as_int(iv.dom.extent, f"extent of {iv.var}")
-            if ext <= 0:
-                raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} has extent {ext} "
-                                       "(empty iteration space)")
-            axes.append(Axis(str(iv.var.name), ext, "S" if iv.iter_type == _SPATIAL else "R"))
+        axes = _block_axes(blk)
         is_red = any(a.kind == "R" for a in axes)
         infos.append(BlockInfo(blk.name_hint, axes,
                                [r.source.name for r in blk.reads],
                                [w.source.name for w in blk.writes], is_red, not is_red))
+    return infos, stmts
+
+
+def _block_axes(blk) -> List[Axis]:
+    """The block's iteration variables: static, non-empty, spatial or reduction."""
+    axes = []
+    for iv in blk.iter_vars:
+        if iv.iter_type not in (_SPATIAL, _REDUCE):
+            raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} is neither "
+                                   "spatial nor a commutative reduction")
+        ext = _as_int(iv.dom.extent, f"extent of {iv.var}")
+        if ext <= 0:
+            raise UnsupportedError(f"block {blk.name_hint}: iterator {iv.var} has extent {ext} "
+                                   "(empty iteration space)")
+        axes.append(Axis(str(iv.var.name), ext, "S" if iv.iter_type == _SPATIAL else "R"))
+    return axes
+
+
+def _check_blocks(infos: Sequence[BlockInfo], stmts: Dict[str, s_tir.SBlock],
+                  checker: _IndexChecker) -> None:
     if not infos:
         raise UnsupportedError("the function has no blocks under its root")
     # a gather (embedding lookup, take) is a memory-bound copy: streamed like any elementwise
@@ -201,13 +229,20 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
     if nested:
         raise UnsupportedError(f"nested blocks are not supported: {nested}")
 
+
+def _main_block(infos: Sequence[BlockInfo]) -> BlockInfo:
+    """The anchor: the heaviest reduction, else the output stage."""
     reductions = [b for b in infos if b.is_reduction]
-    dtype = str(func.params[-1].dtype)
     if reductions:
-        main_info = max(reductions, key=lambda b: math.prod(a.extent for a in b.axes))
-    else:
-        main_info = infos[-1]  # the output stage
-    blk = stmts[main_info.name]
+        return max(reductions, key=lambda b: math.prod(a.extent for a in b.axes))
+    return infos[-1]  # the output stage
+
+
+def _main_analysis(func: tirx.PrimFunc, infos: List[BlockInfo], main_info: BlockInfo,
+                   blk) -> FuncAnalysis:
+    """The FuncAnalysis of the main block ``blk``: its accesses, flops, neighbours and vector
+    axis (the kind still the default)."""
+    dtype = str(func.params[-1].dtype)
     var_order = [iv.var for iv in blk.iter_vars]
     reads = [build_access(r, var_order, "read") for r in blk.reads
              if not _is_self_read(r, blk)]
@@ -219,6 +254,12 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
     fa.producers = [b.name for b in infos[:idx]]
     fa.consumers = [b.name for b in infos[idx + 1:]]
     fa.vector_axis = _find_vector_axis(fa)
+    return fa
+
+
+def _classify(fa: FuncAnalysis, main_info: BlockInfo, infos: Sequence[BlockInfo], buffers,
+              tiled_dtypes: Tuple[str, ...]) -> None:
+    """Set ``fa.kind``; a tiled kernel needs the tiled dtypes."""
     if not main_info.is_reduction:
         fa.kind = "elementwise"
     elif fa.vector_axis is not None and (fa.axes[fa.vector_axis].extent >= 4 or
@@ -234,7 +275,6 @@ def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysi
                 f"got dtype {', '.join(bad)}")
         if bad:  # an index-carrying reduction (argmax / argmin): streamed, as integers are
             fa.kind = "reduction"
-    return fa
 
 
 def _streams_integers(main: BlockInfo, infos: Sequence[BlockInfo], buffers,

@@ -556,7 +556,54 @@ def decompose(func, vector_lanes: int = 0) -> Optional[Decomposition]:
         return None
 
 
+@dataclass(frozen=True)
+class _Setting:
+    """What every step of the rewrite reads: the reduction's nest, its axes, how the guard
+    splits its output, and the function's buffers."""
+
+    f: _Found
+    params: set  # ids of the function's parameters
+    variables: list  # the reduction's iteration variables
+    extents: List[int]
+    kinds: str
+    split_k: Dict[int, int]  # spatial axis -> its modulus k_s
+    split_dims: Dict[int, int]  # output dim -> its split spatial axis
+    ndim: int  # of the output
+    consumers: List[_Nest]  # the epilogue: the nests after the reduction
+    all_buffers: List[tirx.Buffer]  # the parameters and the root's allocations
+
+    @property
+    def main(self) -> _Nest:
+        return self.f.nests[self.f.main]
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """The copies the classes read instead of a producer or an input, and the compact
+    buffers' layout."""
+
+    dense: Dict[int, "_Dense"]  # by buffer id: a producer read at one residue only
+    transposed: Dict[int, "_Dense"]  # by buffer id: an input with the width innermost
+    renames: Dict[int, Tuple[tirx.Buffer, object]]  # loads redirected to the copies
+    allocs: List[tirx.Buffer]  # the copies' buffers
+    order: List[int]  # the compact buffers' dimension order
+    width: Optional[int]  # the output dim made innermost (None: the layout is kept)
+
+
 def _decompose(func: tirx.PrimFunc, f: _Found, vector_lanes: int = 0) -> Decomposition:
+    s = _setting(func, f)
+    # per class: (new variables, substituted update or None for a zero class)
+    updates = [_class_update(s, cls) for cls in f.guard.classes]
+    copies = _copies(s, updates, vector_lanes)
+    classes = [_class_blocks(s, copies, entry) for entry in updates]
+    # the prologue: the producers the classes (and the dense copies) read, in their order
+    prologue = _prologue(f, classes, copies)
+    new, groups, labels = _assemble(func, f, prologue, copies, classes)
+    reason, notes = _explain(s, copies, classes, vector_lanes)
+    return Decomposition("parity", reason, new, tuple(groups), tuple(labels), tuple(notes))
+
+
+def _setting(func: tirx.PrimFunc, f: _Found) -> _Setting:
     guard, red, main = f.guard, f.red, f.nests[f.main]
     params = {p.id_ for p in func.params}
     variables, extents, kinds = main.variables, main.extents, main.kinds
@@ -565,170 +612,201 @@ def _decompose(func: tirx.PrimFunc, f: _Found, vector_lanes: int = 0) -> Decompo
     split_dims = {dim_of[variables[s].name]: s for s in split_k}
     ndim = len(red.indices)
     consumers = f.nests[f.main + 1:]
-    classes = []
-    updates = []  # per class: (new variables, substituted update or None for a zero class)
-    for cls in guard.classes:
-        p = dict(cls.residues)
-        a_ext = dict(cls.extents)
-        taps = {r: (d, q0, j) for r, d, q0, j in cls.taps}
-        new_vars, new_ext, values = [], [], []
-        for i, (v, e) in enumerate(zip(variables, extents)):
-            nv = tirx.Var(str(v.name), _dtype(v))
-            if i in split_k:
-                values.append(_const(split_k[i], v) * nv + _const(p[i], v))
-                e = a_ext[i]
-            elif i in taps:
-                d, q0, j = taps[i]
-                values.append(_const(d, v) * nv + _const(q0, v))
-                e = j
-            else:
-                values.append(nv)
-            new_vars.append(nv)
-            new_ext.append(e)
-        update = None if cls.zero else _substitute([red.update], variables, values)[0]
-        if update is not None:  # the split axes and the taps now index affinely
-            moved = [new_vars[i] for i in list(split_k) + list(taps)]
-            for ld in _loads(update):
-                if any(_divides(i, moved) for i in ld.indices):
-                    raise _NotHandled(f"a load of {ld.source.name} stays non-affine in the "
-                                      f"split axes in class {cls.residues}: {ld}")
-        updates.append((cls, new_vars, new_ext, values, update))
-
     all_buffers = list(func.params) + list(f.root.alloc_buffers)
+    return _Setting(f, params, variables, extents, kinds, split_k, split_dims, ndim, consumers,
+                    all_buffers)
+
+
+def _class_update(s: _Setting, cls: ParityClass) -> tuple:
+    """The class's (class, new variables, extents, values of the old variables, substituted
+    update or None for a zero class)."""
+    red, split_k = s.f.red, s.split_k
+    p = dict(cls.residues)
+    a_ext = dict(cls.extents)
+    taps = {r: (d, q0, j) for r, d, q0, j in cls.taps}
+    new_vars, new_ext, values = [], [], []
+    for i, (v, e) in enumerate(zip(s.variables, s.extents)):
+        nv = tirx.Var(str(v.name), _dtype(v))
+        if i in split_k:
+            values.append(_const(split_k[i], v) * nv + _const(p[i], v))
+            e = a_ext[i]
+        elif i in taps:
+            d, q0, j = taps[i]
+            values.append(_const(d, v) * nv + _const(q0, v))
+            e = j
+        else:
+            values.append(nv)
+        new_vars.append(nv)
+        new_ext.append(e)
+    update = None if cls.zero else _substitute([red.update], s.variables, values)[0]
+    if update is not None:  # the split axes and the taps now index affinely
+        moved = [new_vars[i] for i in list(split_k) + list(taps)]
+        for ld in _loads(update):
+            if any(_divides(i, moved) for i in ld.indices):
+                raise _NotHandled(f"a load of {ld.source.name} stays non-affine in the "
+                                  f"split axes in class {cls.residues}: {ld}")
+    return cls, new_vars, new_ext, values, update
+
+
+def _copies(s: _Setting, updates, vector_lanes: int) -> _Copies:
+    f, red = s.f, s.f.red
     # a producer the classes read at one residue modulo g along a dimension only: a dense copy
     dense = _dense_copies(f, [(u, nv) for _, nv, _, _, u in updates if u is not None],
-                          all_buffers)
+                          s.all_buffers)
     dense_renames = {bid: (d.buffer, d.index) for bid, d in dense.items()}
     new_allocs: List[tirx.Buffer] = [d.buffer for d in dense.values()]
 
     # few channels innermost: the width innermost instead (compact buffers and inputs)
-    order = list(range(ndim))  # the compact buffers' dimension order
+    order = list(range(s.ndim))  # the compact buffers' dimension order
     transposed: Dict[int, _Dense] = {}
-    width = _width_innermost(red, variables, extents, split_dims, guard, vector_lanes)
+    width = _width_innermost(red, s.variables, s.extents, s.split_dims, f.guard, vector_lanes)
     if width is not None:
-        order = [d for d in range(ndim) if d != width] + [width]
-        transposed = _transposed_copies(f, updates, red, variables, width, dense, all_buffers)
+        order = [d for d in range(s.ndim) if d != width] + [width]
+        transposed = _transposed_copies(f, updates, red, s.variables, width, dense,
+                                        s.all_buffers)
         dense_renames.update({bid: (t.buffer, t.index) for bid, t in transposed.items()})
         new_allocs += [t.buffer for t in transposed.values()]
+    return _Copies(dense, transposed, dense_renames, new_allocs, order, width)
 
-    for cls, new_vars, new_ext, values, update in updates:
-        tag, label = _tag(guard, cls)
-        p = dict(cls.residues)
-        # the output dims: the class's variable, its extent, and the index in the full output
-        pos = [_position(variables, i) for i in red.indices]
-        out_vars = [new_vars[i] for i in pos]
-        out_ext = [new_ext[i] for i in pos]
-        full_idx = [values[i] for i in pos]
-        allocs: List[tirx.Buffer] = []
-        local: Dict[int, Tuple[tirx.Buffer, object]] = {}  # class-local buffers: id -> (buf, map)
 
-        def localise(buf: tirx.Buffer) -> tirx.Buffer:
-            """The class's own compact copy of an output-shaped buffer (the class's extents,
-            its dimensions in ``order``)."""
-            nb = _buffer([out_ext[d] for d in order], buf, f"{buf.name}_{tag}")
-            allocs.append(nb)
+def _class_blocks(s: _Setting, c: _Copies, entry: tuple) -> _ClassBlocks:
+    """The class's blocks: its reduction into a compact buffer, the copy of its strided slice
+    of the output, and the epilogue restricted to the class (``entry``: the class's update)."""
+    cls, new_vars, new_ext, values, update = entry
+    red, main, order = s.f.red, s.main, c.order
+    split_dims, split_k = s.split_dims, s.split_k
+    tag, label = _tag(s.f.guard, cls)
+    p = dict(cls.residues)
+    # the output dims: the class's variable, its extent, and the index in the full output
+    pos = [_position(s.variables, i) for i in red.indices]
+    out_vars = [new_vars[i] for i in pos]
+    out_ext = [new_ext[i] for i in pos]
+    full_idx = [values[i] for i in pos]
+    allocs: List[tirx.Buffer] = []
+    local: Dict[int, Tuple[tirx.Buffer, object]] = {}  # class-local buffers: id -> (buf, map)
 
-            def index(idx, _p=p):
-                compact = [_simplify(tirx.floordiv(i - _const(_p[split_dims[d]], i),
-                                                   _const(split_k[split_dims[d]], i)))
-                           if d in split_dims else i for d, i in enumerate(idx)]
-                return [compact[d] for d in order]
+    def localise(buf: tirx.Buffer) -> tirx.Buffer:
+        """The class's own compact copy of an output-shaped buffer (the class's extents,
+        its dimensions in ``order``)."""
+        nb = _buffer([out_ext[d] for d in order], buf, f"{buf.name}_{tag}")
+        allocs.append(nb)
 
-            local[buf.id_] = (nb, index)
-            return nb
+        def index(idx, _p=p):
+            compact = [_simplify(tirx.floordiv(i - _const(_p[split_dims[d]], i),
+                                               _const(split_k[split_dims[d]], i)))
+                       if d in split_dims else i for d, i in enumerate(idx)]
+            return [compact[d] for d in order]
 
-        blocks = []
-        main_out = localise(red.out)
-        out_idx = [out_vars[d] for d in order]
-        init = _substitute([red.init], variables, values)[0]
-        bufs = all_buffers + new_allocs + allocs
-        if update is None:  # no tap left: the reduction's initial value
-            sp = [i for i, k in enumerate(kinds) if k == "S"]
-            body = tirx.BufferStore(main_out, init, out_idx)
-            blk = _block(f"{main.name}_{tag}", [new_vars[i] for i in sp],
-                         [new_ext[i] for i in sp], "S" * len(sp), body, None, bufs)
-            blocks.append((blk, [main.loops[i] for i in sp]))
-        else:
-            upd = _rename_loads(update, dense_renames)
-            acc = tirx.BufferLoad(main_out, out_idx)
-            body = tirx.BufferStore(main_out, acc + upd, out_idx)
-            blk = _block(f"{main.name}_{tag}", new_vars, new_ext, kinds, body,
-                         tirx.BufferStore(main_out, init, out_idx), bufs)
-            blocks.append((blk, list(main.loops)))
-        if red.out.id_ in params:  # the class's slice of the output: a strided copy
-            cv = [tirx.Var(str(v.name), _dtype(v)) for v in out_vars]
-            body = tirx.BufferStore(red.out, tirx.BufferLoad(main_out, [cv[d] for d in order]),
-                                    _substitute(full_idx, out_vars, cv))
-            blk = _block(f"{main.name}_{tag}_out", cv, out_ext, "S" * ndim, body, None, bufs)
-            blocks.append((blk, [main.loops[i] for i in pos]))
-        for q in consumers:
-            blocks.append(_restrict(q, red, local, localise, split_dims, split_k, p, out_ext,
-                                    params, tag, lambda: all_buffers + new_allocs + allocs))
-        classes.append(_ClassBlocks(tag, label, blocks, allocs))
+        local[buf.id_] = (nb, index)
+        return nb
 
-    # the prologue: the producers the classes (and the dense copies) read, in their order
+    blocks = []
+    main_out = localise(red.out)
+    out_idx = [out_vars[d] for d in order]
+    init = _substitute([red.init], s.variables, values)[0]
+    bufs = s.all_buffers + c.allocs + allocs
+    if update is None:  # no tap left: the reduction's initial value
+        sp = [i for i, k in enumerate(s.kinds) if k == "S"]
+        body = tirx.BufferStore(main_out, init, out_idx)
+        blk = _block(f"{main.name}_{tag}", [new_vars[i] for i in sp],
+                     [new_ext[i] for i in sp], "S" * len(sp), body, None, bufs)
+        blocks.append((blk, [main.loops[i] for i in sp]))
+    else:
+        upd = _rename_loads(update, c.renames)
+        acc = tirx.BufferLoad(main_out, out_idx)
+        body = tirx.BufferStore(main_out, acc + upd, out_idx)
+        blk = _block(f"{main.name}_{tag}", new_vars, new_ext, s.kinds, body,
+                     tirx.BufferStore(main_out, init, out_idx), bufs)
+        blocks.append((blk, list(main.loops)))
+    if red.out.id_ in s.params:  # the class's slice of the output: a strided copy
+        cv = [tirx.Var(str(v.name), _dtype(v)) for v in out_vars]
+        body = tirx.BufferStore(red.out, tirx.BufferLoad(main_out, [cv[d] for d in order]),
+                                _substitute(full_idx, out_vars, cv))
+        blk = _block(f"{main.name}_{tag}_out", cv, out_ext, "S" * s.ndim, body, None, bufs)
+        blocks.append((blk, [main.loops[i] for i in pos]))
+    for q in s.consumers:
+        blocks.append(_restrict(q, red, local, localise, split_dims, split_k, p, out_ext,
+                                s.params, tag, lambda: s.all_buffers + c.allocs + allocs))
+    return _ClassBlocks(tag, label, blocks, allocs)
+
+
+def _prologue(f: _Found, classes: Sequence[_ClassBlocks], c: _Copies) -> List[_Nest]:
+    """The producers the classes (and the dense copies) read, in their order."""
     produced = {w.source.id_: i for i, n in enumerate(f.nests[:f.main])
                 for w in n.block.writes}
     wanted = set()
-    pending = [r.source.id_ for c in classes for blk, _ in c.blocks for r in blk.reads]
-    pending += [r.source.id_ for d in list(dense.values()) + list(transposed.values())
+    pending = [r.source.id_ for cb in classes for blk, _ in cb.blocks for r in blk.reads]
+    pending += [r.source.id_ for d in list(c.dense.values()) + list(c.transposed.values())
                 for r in d.block.reads]
     while pending:
         bid = pending.pop()
         if bid in produced and produced[bid] not in wanted:
             wanted.add(produced[bid])
             pending += [r.source.id_ for r in f.nests[produced[bid]].block.reads]
-    prologue = [f.nests[i] for i in sorted(wanted)]
+    return [f.nests[i] for i in sorted(wanted)]
+
+
+def _assemble(func: tirx.PrimFunc, f: _Found, prologue: Sequence[_Nest], c: _Copies,
+              classes: Sequence[_ClassBlocks]) -> Tuple[tirx.PrimFunc, list, list]:
+    """The rewritten function (the prologue, the copies, then each class's blocks) with its
+    parts' block groups and labels."""
     kept_allocs = [b for b in f.root.alloc_buffers
                    if any(w.source.same_as(b) for n in prologue for w in n.block.writes)]
 
     stmts = [n.stmt for n in prologue]
     groups, labels = [], []
     pro_names = [n.name for n in prologue]
-    for d in list(dense.values()) + list(transposed.values()):
+    for d in list(c.dense.values()) + list(c.transposed.values()):
         stmts.append(_loop_nest(d.block, [f"ax{i}" for i in range(len(d.block.iter_vars))]))
         pro_names.append(d.block.name_hint)
     if pro_names:
         groups.append(tuple(pro_names))
         labels.append("prologue")
-    for c in classes:
-        stmts += [_loop_nest(blk, names) for blk, names in c.blocks]
-        groups.append(tuple(blk.name_hint for blk, _ in c.blocks))
-        labels.append(c.label)
+    for cb in classes:
+        stmts += [_loop_nest(blk, names) for blk, names in cb.blocks]
+        groups.append(tuple(blk.name_hint for blk, _ in cb.blocks))
+        labels.append(cb.label)
     root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(stmts),
-                        alloc_buffers=kept_allocs + new_allocs + [b for c in classes
-                                                                  for b in c.allocs])
+                        alloc_buffers=kept_allocs + c.allocs + [b for cb in classes
+                                                                for b in cb.allocs])
     new = tirx.PrimFunc(func.params, s_tir.SBlockRealize([], True, root), func.ret_type,
                         func.attrs)
     if not s_tir.analysis.verify_well_formed(new, assert_mode=False):
         raise _NotHandled("the rewritten function is not well formed")
-    zero_classes = sum(1 for c in guard.classes if c.zero)
+    return new, groups, labels
+
+
+def _explain(s: _Setting, c: _Copies, classes: Sequence[_ClassBlocks],
+             vector_lanes: int) -> Tuple[str, List[str]]:
+    """The decomposition's reason and notes."""
+    guard, red, variables = s.f.guard, s.f.red, s.variables
+    zero_classes = sum(1 for cls in guard.classes if cls.zero)
     where = "its inlined producers" if guard.inlined else "the reduction"
     reason = (f"decomposed by output parity: {guard.block} multiplies "
               f"{1 - guard.useful:.0%} of its multiply-adds by the zero of the stride parity "
               f"guard {guard.describe()} (in {where}); {len(classes)} sub-convolutions, one per "
-              f"class of " + ", ".join(_short(guard.axes[s]) + f" mod {k}"
-                                      for s, k in guard.split)
+              f"class of " + ", ".join(_short(guard.axes[sp]) + f" mod {k}"
+                                      for sp, k in guard.split)
               + ", each over its own taps with affine indices")
     notes = []
     if zero_classes:
         notes.append(f"{zero_classes} class(es) without taps: the initial value is written")
-    for d in dense.values():
+    for d in c.dense.values():
         notes.append(f"{d.source} is read at one residue modulo {d.step} only (the zeros of "
                      f"the dilation are skipped): the classes read its dense copy {d.buffer.name}"
                      ", its producers inlined")
-    if width is not None:
-        chan, wide = _short(red.indices[-1].name), _short(red.indices[width].name)
-        notes.append(f"{chan} ({extents[_position(variables, red.indices[-1])]}) is shorter "
+    if c.width is not None:
+        chan, wide = _short(red.indices[-1].name), _short(red.indices[c.width].name)
+        notes.append(f"{chan} ({s.extents[_position(variables, red.indices[-1])]}) is shorter "
                      f"than {vector_lanes} vector lanes: the classes accumulate with {wide} "
                      "innermost" + (", reading " + ", ".join(t.buffer.name for t in
-                                                            transposed.values())
+                                                            c.transposed.values())
                                     + f" (a copy of their input with {wide} innermost)"
-                                    if transposed else ""))
+                                    if c.transposed else ""))
     notes.append("each class accumulates into a compact buffer, then writes its strided slice "
-                 f"of {_final_name(red, consumers)}" + (" through the epilogue" if consumers
-                                                        else ""))
-    return Decomposition("parity", reason, new, tuple(groups), tuple(labels), tuple(notes))
+                 f"of {_final_name(red, s.consumers)}" + (" through the epilogue" if s.consumers
+                                                          else ""))
+    return reason, notes
 
 
 def _final_name(red: _Reduction, consumers: Sequence[_Nest]) -> str:

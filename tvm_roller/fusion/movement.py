@@ -954,9 +954,63 @@ def plan_chain(chain: Chain, dev, *, fill: Optional[float] = None,
     reported either way)."""
     t0 = time.perf_counter()
     chain.validate()
+    s = _setup(chain, dev, fill, tile_level, include_compute)
+    fp = _plan_fused(chain, dev, s)
+    fused, least_f, all_loops = fp.best, fp.least, s.all_loops
+    inter_info = _intermediate_info(chain, s)
+    un = _plan_unfused(chain, dev, s, inter_info)
+    fuse = bool(s.multi and fused.time_s < FUSE_THRESHOLD * un.time_s)
+    reason = _reason(dev, s, fp, un, inter_info, fuse)
+
+    return ChainPlan(
+        chain=chain.to_dict(), device=getattr(dev, "name", str(dev)), tile_level=s.tile_name,
+        tile_capacity_bytes=int(s.cap), outer_level=s.names[fp.outer],
+        order=list(fused.best.order) + [d for d in all_loops if d not in fused.best.order],
+        tiles=_complete_tiles(chain, fused.tiles), memory_usage_bytes=int(fused.best.mu),
+        tasks=int(fused.best.tasks), inner=fused.inner,
+        volume_fused=dict(fused.best.dm), volume_unfused=un.volume, total_fused=fused.volume,
+        total_unfused=int(sum(un.volume.values())), level_volume_fused=fused.levels,
+        level_volume_unfused=un.levels, terms_fused=fused.terms, terms_unfused=un.terms,
+        time_fused_s=fused.time_s, time_unfused_s=float(un.time_s),
+        compute_fused_s=fused.compute_s, compute_unfused_s=float(un.compute_s),
+        bound_fused=fused.bound, unfused_ops=un.ops,
+        least_order=list(least_f.best.order) + [d for d in all_loops
+                                                if d not in least_f.best.order],
+        least_tiles=_complete_tiles(chain, least_f.tiles),
+        least_volume_fused=dict(least_f.best.dm), least_volume_unfused=un.least,
+        least_total_fused=least_f.volume, least_total_unfused=int(sum(un.least.values())),
+        intermediates=inter_info, include_compute=include_compute, fuse=fuse, reason=reason,
+        plan_s=time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every step of :func:`plan_chain` reads: the levels, the extents, the usable
+    capacity of the tile level, the chain's tensors and each op's inner-level tiling."""
+
+    lv: _Levels
+    names: List[str]  # the device's levels, fastest first
+    ext: Dict[str, int]
+    all_loops: List[str]
+    dtype: str
+    cap: float  # usable bytes of the tile level per core
+    line: int  # the tile level's line bytes
+    inter: List[TensorUse]
+    inter_names: List[str]
+    io_bytes: int  # the chain's inputs and outputs
+    multi: bool  # more than one op
+    inner: Dict[str, Optional[_Inner]]  # by op name
+    include_compute: bool
+
+    @property
+    def tile_name(self) -> str:
+        return self.names[self.lv.tile]
+
+
+def _setup(chain: Chain, dev, fill: Optional[float], tile_level: Optional[str],
+           include_compute: bool) -> _Setup:
     lv = _levels(dev, fill, tile_level)
     names = [x.name for x in dev.levels]
-    tile_name = names[lv.tile]
     ext = chain.extents()
     all_loops = [lp.name for lp in chain.loops]
     dtype = _dtype(chain)
@@ -967,60 +1021,99 @@ def plan_chain(chain: Chain, dev, *, fill: Optional[float] = None,
     io_bytes = sum(chain.tensor_bytes(t.name) for t in chain.tensors if t.role != "intermediate")
     multi = len(chain.ops) > 1
     inner = {op.name: _inner_tiling(chain, dev, lv, op) for op in chain.ops}
+    return _Setup(lv, names, ext, all_loops, dtype, cap, line, inter, inter_names, io_bytes,
+                  multi, inner, include_compute)
 
+
+@dataclass(frozen=True)
+class _FusedPlans:
+    problem: _Problem
+    outer: int  # the level the fused tiles stream from
+    best: _Nest  # least predicted time
+    least: _Nest  # least volume (Chimera)
+
+
+def _plan_fused(chain: Chain, dev, s: _Setup) -> _FusedPlans:
     # -- fused -----------------------------------------------------------------------------------
-    pf = _fused_problem(chain, line_bytes=line)
-    outer_f = _outer_index(dev, lv.tile, io_bytes)
-    timer_f = _Timer(dev, lv, outer_f, io_bytes, chain.flops(), dtype, include_compute,
-                     list(inner.values()), ext)
-    fused = _run_nest(pf, cap, timer_f, all_loops)
-    least_f = _run_nest(pf, cap, timer_f, all_loops, "volume")
+    pf = _fused_problem(chain, line_bytes=s.line)
+    outer_f = _outer_index(dev, s.lv.tile, s.io_bytes)
+    timer_f = _Timer(dev, s.lv, outer_f, s.io_bytes, chain.flops(), s.dtype, s.include_compute,
+                     list(s.inner.values()), s.ext)
+    fused = _run_nest(pf, s.cap, timer_f, s.all_loops)
+    least_f = _run_nest(pf, s.cap, timer_f, s.all_loops, "volume")
+    return _FusedPlans(pf, outer_f, fused, least_f)
 
-    # -- unfused: each op alone ------------------------------------------------------------------
+
+def _intermediate_info(chain: Chain, s: _Setup) -> List[Dict[str, Any]]:
     inter_info = []
-    for t in inter:
+    for t in s.inter:
         size = chain.tensor_bytes(t.name)
-        inter_info.append({"name": t.name, "shape": {d: ext[d] for d in t.loops},
+        inter_info.append({"name": t.name, "shape": {d: s.ext[d] for d in t.loops},
                            "dtype": t.dtype_name, "bytes": int(size),
-                           "fits_tile_level": bool(size <= cap)})
+                           "fits_tile_level": bool(size <= s.cap)})
+    return inter_info
+
+
+@dataclass
+class _Unfused:
+    """The unfused baseline: each op's plans, and their volumes, terms and times summed over
+    the ops (one after the other)."""
+
+    ops: List[Dict[str, Any]] = field(default_factory=list)
+    volume: Dict[str, int] = field(default_factory=dict)
+    least: Dict[str, int] = field(default_factory=dict)
+    levels: Dict[str, int] = field(default_factory=dict)
+    terms: Dict[str, float] = field(default_factory=dict)
+    time_s: float = 0.0
+    compute_s: float = 0.0
+
+
+def _plan_unfused(chain: Chain, dev, s: _Setup,
+                  inter_info: Sequence[Dict[str, Any]]) -> _Unfused:
+    # -- unfused: each op alone ------------------------------------------------------------------
     free_u = [i["name"] for i in inter_info if i["fits_tile_level"]]
-    unfused_ops: List[Dict[str, Any]] = []
-    vol_u: Dict[str, int] = {}
-    least_u: Dict[str, int] = {}
-    level_u: Dict[str, int] = {}
-    terms_u: Dict[str, float] = {}
-    time_u = compute_u = 0.0
+    un = _Unfused()
     for op in chain.ops:
-        pu = _problem(chain, [op], ext, free_u, line)
-        foot = sum(chain.tensor_bytes(tn) for tn in op.tensors)
-        outer_u = _outer_index(dev, lv.tile, foot)
-        comp = sum(chain.tensor_bytes(tn) for tn in op.tensors if tn not in inter_names)
-        timer_u = _Timer(dev, lv, outer_u, comp, chain.op_flops(op), dtype, include_compute,
-                         [inner[op.name]], ext)
-        nest = _run_nest(pu, cap, timer_u, op.loops)
-        least = _run_nest(pu, cap, timer_u, op.loops, "volume")
-        time_u += nest.time_s
-        compute_u += nest.compute_s
-        for k, v in nest.terms.items():
-            terms_u[k] = terms_u.get(k, 0.0) + v
-        for k, v in nest.levels.items():
-            level_u[k] = level_u.get(k, 0) + v
-        for tn, v in nest.best.dm.items():
-            vol_u[tn] = vol_u.get(tn, 0) + int(v)
-        for tn, v in least.best.dm.items():
-            least_u[tn] = least_u.get(tn, 0) + int(v)
-        unfused_ops.append({
-            "op": op.name, "order": list(nest.best.order), "tiles": nest.tiles,
-            "tasks": int(nest.best.tasks), "memory_usage_bytes": int(nest.best.mu),
-            "outer_level": names[outer_u], "volume": dict(nest.best.dm),
-            "level_volume": nest.levels, "terms": nest.terms, "time_s": nest.time_s,
-            "compute_s": nest.compute_s, "bound": nest.bound, "inner": nest.inner,
-            "least_order": list(least.best.order), "least_tiles": least.tiles,
-            "least_volume": dict(least.best.dm)})
+        _plan_unfused_op(chain, dev, s, op, free_u, un)
+    return un
 
-    fuse = bool(multi and fused.time_s < FUSE_THRESHOLD * time_u)
 
+def _plan_unfused_op(chain: Chain, dev, s: _Setup, op: Op, free_u: Sequence[str],
+                     un: _Unfused) -> None:
+    """Plan ``op`` alone and add its plans to ``un``."""
+    pu = _problem(chain, [op], s.ext, free_u, s.line)
+    foot = sum(chain.tensor_bytes(tn) for tn in op.tensors)
+    outer_u = _outer_index(dev, s.lv.tile, foot)
+    comp = sum(chain.tensor_bytes(tn) for tn in op.tensors if tn not in s.inter_names)
+    timer_u = _Timer(dev, s.lv, outer_u, comp, chain.op_flops(op), s.dtype, s.include_compute,
+                     [s.inner[op.name]], s.ext)
+    nest = _run_nest(pu, s.cap, timer_u, op.loops)
+    least = _run_nest(pu, s.cap, timer_u, op.loops, "volume")
+    un.time_s += nest.time_s
+    un.compute_s += nest.compute_s
+    for k, v in nest.terms.items():
+        un.terms[k] = un.terms.get(k, 0.0) + v
+    for k, v in nest.levels.items():
+        un.levels[k] = un.levels.get(k, 0) + v
+    for tn, v in nest.best.dm.items():
+        un.volume[tn] = un.volume.get(tn, 0) + int(v)
+    for tn, v in least.best.dm.items():
+        un.least[tn] = un.least.get(tn, 0) + int(v)
+    un.ops.append({
+        "op": op.name, "order": list(nest.best.order), "tiles": nest.tiles,
+        "tasks": int(nest.best.tasks), "memory_usage_bytes": int(nest.best.mu),
+        "outer_level": s.names[outer_u], "volume": dict(nest.best.dm),
+        "level_volume": nest.levels, "terms": nest.terms, "time_s": nest.time_s,
+        "compute_s": nest.compute_s, "bound": nest.bound, "inner": nest.inner,
+        "least_order": list(least.best.order), "least_tiles": least.tiles,
+        "least_volume": dict(least.best.dm)})
+
+
+def _reason(dev, s: _Setup, fp: _FusedPlans, un: _Unfused,
+            inter_info: Sequence[Dict[str, Any]], fuse: bool) -> str:
     # -- reason ----------------------------------------------------------------------------------
+    fused, least_f, tile_name, cap = fp.best, fp.least, s.tile_name, s.cap
+    time_u, compute_u, vol_u = un.time_s, un.compute_s, un.volume
     parts = []
     for i in inter_info:
         dims = [v for v in i["shape"].values() if v > 1] or [1]
@@ -1030,13 +1123,13 @@ def plan_chain(chain: Chain, dev, *, fill: Optional[float] = None,
                      f"({_fmt_bytes(cap)} usable per core)")
     par_f = []
     for d in fused.best.order:
-        if d not in pf.parallel:
+        if d not in fp.problem.parallel:
             break
         par_f.append(d)
-    if not multi:
+    if not s.multi:
         parts.append("single op: nothing to fuse")
     else:
-        lt_f, lt_u = least_f.volume, sum(least_u.values())
+        lt_f, lt_u = least_f.volume, sum(un.least.values())
         parts.append(f"least traffic into {tile_name}: fused {_fmt_bytes(lt_f)} vs unfused "
                      f"{_fmt_bytes(lt_u)} ({_saving(lt_f, lt_u)})")
         parts.append(f"best plans on {dev.num_units} cores: fused {_fmt_bytes(fused.volume)} in "
@@ -1044,7 +1137,7 @@ def plan_chain(chain: Chain, dev, *, fill: Optional[float] = None,
                      f"{','.join(par_f) or 'nothing'}, bound by {fused.bound}) "
                      f"vs unfused {_fmt_bytes(sum(vol_u.values()))} in {_fmt_s(time_u)} "
                      f"({_saving(fused.volume, sum(vol_u.values()))} of {tile_name} traffic)")
-        if not include_compute:
+        if not s.include_compute:
             worst_f = max(fused.terms.values())
             if fused.compute_s > worst_f or compute_u > time_u:
                 parts.append(f"note: ideal-peak compute ({_fmt_s(fused.compute_s)} fused, "
@@ -1053,27 +1146,7 @@ def plan_chain(chain: Chain, dev, *, fill: Optional[float] = None,
         gain = 1 - fused.time_s / time_u if time_u else 0.0
         parts.append(f"fuse: {gain:.0%} faster" if fuse else
                      f"do not fuse: predicted gain {gain:.0%} < {1 - FUSE_THRESHOLD:.0%}")
-    reason = "; ".join(parts)
-
-    return ChainPlan(
-        chain=chain.to_dict(), device=getattr(dev, "name", str(dev)), tile_level=tile_name,
-        tile_capacity_bytes=int(cap), outer_level=names[outer_f],
-        order=list(fused.best.order) + [d for d in all_loops if d not in fused.best.order],
-        tiles=_complete_tiles(chain, fused.tiles), memory_usage_bytes=int(fused.best.mu),
-        tasks=int(fused.best.tasks), inner=fused.inner,
-        volume_fused=dict(fused.best.dm), volume_unfused=vol_u, total_fused=fused.volume,
-        total_unfused=int(sum(vol_u.values())), level_volume_fused=fused.levels,
-        level_volume_unfused=level_u, terms_fused=fused.terms, terms_unfused=terms_u,
-        time_fused_s=fused.time_s, time_unfused_s=float(time_u),
-        compute_fused_s=fused.compute_s, compute_unfused_s=float(compute_u),
-        bound_fused=fused.bound, unfused_ops=unfused_ops,
-        least_order=list(least_f.best.order) + [d for d in all_loops
-                                                if d not in least_f.best.order],
-        least_tiles=_complete_tiles(chain, least_f.tiles),
-        least_volume_fused=dict(least_f.best.dm), least_volume_unfused=least_u,
-        least_total_fused=least_f.volume, least_total_unfused=int(sum(least_u.values())),
-        intermediates=inter_info, include_compute=include_compute, fuse=fuse, reason=reason,
-        plan_s=time.perf_counter() - t0)
+    return "; ".join(parts)
 
 
 def format_plan(plan: ChainPlan) -> str:

@@ -1,4 +1,4 @@
-"""Tensor-core lowering of fp16 matmuls (``backends.cuda.tensorcore``), checked without a GPU.
+"""Tensor-core lowering of fp16 matmuls (``backends.cuda.tensorcore*``), checked without a GPU.
 
 * fast (~20 s): workloads, GEMM structure, refused tiles, shared memory accounting against the
   lowered kernel, ``verify_gpu_code``, trace replay, and the generated CUDA of nine variants
@@ -30,6 +30,9 @@ from tvm_roller.hardware import normalize_target
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import gpu
 from tvm_roller.backends.cuda import tensorcore as tc
+from tvm_roller.backends.cuda import tensorcore_gemm as tcg
+from tvm_roller.backends.cuda import tensorcore_intrinsics as tci
+from tvm_roller.backends.cuda import tensorcore_pipeline as tcp
 from tvm_roller.core.rtile import RTile
 from tvm_roller.tools.suite import gpu_workloads as gw
 
@@ -47,7 +50,7 @@ def target(arch):
     return tvm.target.Target(TARGETS[arch])
 
 
-def make_tile(fa, l1, reg, stages=2, shape=tc.WMMA):
+def make_tile(fa, l1, reg, stages=2, shape=tcg.WMMA):
     """A CUDA RTile for ``fa``'s axes: ``l1`` the block tile, ``reg`` the warp tile."""
     bm_bn_warps = 1
     for i, a in enumerate(fa.axes):
@@ -152,7 +155,7 @@ def test_fp16_workloads():
     (lambda: gemm_tn_f32(64, 64, 64), ([], True, False)),
 ])
 def test_gemm_structure(func, expect):
-    g = tc.gemm_structure(CUDA.analyze(func()))
+    g = tcg.gemm_structure(CUDA.analyze(func()))
     assert (g.batch, g.trans_a, g.trans_b) == expect
 
 
@@ -179,7 +182,7 @@ H100 = hardware.preset("h100")
     ("shape name", lambda: gw.fp16_gemm(128, 128, 128), [128, 128, 32], [64, 64, 16],
      {"tensor_core": "wgmma"}, "unknown fragment shape"),
     ("mma with A transposed", lambda: gemm_tn_f32(128, 128, 128), [128, 128, 32], [64, 64, 16],
-     {"tensor_core": tc.MMA}, "A stored"),
+     {"tensor_core": tcg.MMA}, "A stored"),
 ])
 def test_refused(case, func, l1, reg, kw, match):
     f = func()
@@ -190,7 +193,7 @@ def test_refused(case, func, l1, reg, kw, match):
     with pytest.raises(UnsupportedError, match=match):
         tc.apply_tensorcore(f, fa, tile)
     with pytest.raises(UnsupportedError, match=match):
-        tc.validate_tile(fa, tile, H100)
+        tcg.validate_tile(fa, tile, H100)
 
 
 def test_not_a_matmul_refused():
@@ -199,42 +202,42 @@ def test_not_a_matmul_refused():
     S = te.compute((64,), lambda i: te.sum(X[i, k].astype("float32"), axis=k), name="S")
     fa = CUDA.analyze(te.create_prim_func([X, S]))
     with pytest.raises(UnsupportedError, match="tensor cores"):
-        tc.gemm_structure(fa)
+        tcg.gemm_structure(fa)
 
 
 def test_validate_tile_device_limits():
     f = gw.fp16_gemm(4096, 4096, 4096)
     fa = CUDA.analyze(f)
-    ok = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=3, shape=tc.MMA)
-    tc.validate_tile(fa, ok, H100)
-    tc.validate_tile(fa, ok, hardware.preset("a100"))
+    ok = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=3, shape=tcg.MMA)
+    tcg.validate_tile(fa, ok, H100)
+    tcg.validate_tile(fa, ok, hardware.preset("a100"))
     v100 = hardware.preset("v100")
     with pytest.raises(UnsupportedError, match="sm_80"):
-        tc.validate_tile(fa, ok, v100)  # mma.sync m16n8k16
-    ok.tensor_core = tc.WMMA
+        tcg.validate_tile(fa, ok, v100)  # mma.sync m16n8k16
+    ok.tensor_core = tcg.WMMA
     with pytest.raises(UnsupportedError, match="cp.async"):
-        tc.validate_tile(fa, ok, v100)
+        tcg.validate_tile(fa, ok, v100)
     ok.stages = 1
-    tc.validate_tile(fa, ok, v100)  # wmma without a pipeline runs on sm_70
+    tcg.validate_tile(fa, ok, v100)  # wmma without a pipeline runs on sm_70
     big = make_tile(fa, [256, 256, 64], [64, 64, 16], stages=4)  # 16 warps, 4 stages
-    assert tc.smem_bytes(fa, big) > gpu.smem_limit(H100)
+    assert tcg.smem_bytes(fa, big) > gpu.smem_limit(H100)
     with pytest.raises(UnsupportedError, match="shared memory"):
-        tc.validate_tile(fa, big, H100)
+        tcg.validate_tile(fa, big, H100)
     with pytest.raises(UnsupportedError, match="not a GPU"):
-        tc.validate_tile(fa, ok, hardware.preset("x86-avx512"))
+        tcg.validate_tile(fa, ok, hardware.preset("x86-avx512"))
 
 
 def test_smem_bytes_formula():
     fa = CUDA.analyze(gw.fp16_gemm(4096, 4096, 4096))
     t = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=2)
     ab = 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2
-    assert tc.smem_bytes(fa, t) == max(ab, 128 * (128 + 4) * 4) == 67584
+    assert tcg.smem_bytes(fa, t) == max(ab, 128 * (128 + 4) * 4) == 67584
     t = make_tile(fa, [128, 256, 32], [64, 64, 16], stages=4)
     ab = 4 * (128 * (32 + 8) + 32 * (256 + 8)) * 2
-    assert tc.smem_bytes(fa, t) == max(ab, 128 * (256 + 4) * 4)
+    assert tcg.smem_bytes(fa, t) == max(ab, 128 * (256 + 4) * 4)
 
 
-@pytest.mark.parametrize("shape, stages", [(tc.WMMA, 2), (tc.MMA, 3)])
+@pytest.mark.parametrize("shape, stages", [(tcg.WMMA, 2), (tcg.MMA, 3)])
 def test_smem_bytes_matches_lowered_kernel(shape, stages):
     from tvm.s_tir.analysis import calculate_allocated_bytes, verify_gpu_code
 
@@ -242,10 +245,10 @@ def test_smem_bytes_matches_lowered_kernel(shape, stages):
     fa = CUDA.analyze(f)
     tile = make_tile(fa, [128, 128, 32], [64, 64, 16], stages=stages, shape=shape)
     sch = tc.apply_tensorcore(f, fa, tile)
-    kern = tc.lower_device_kernel(sch.mod, tile, target("sm_90"))
+    kern = tcp.lower_device_kernel(sch.mod, tile, target("sm_90"))
     used = calculate_allocated_bytes(kern)
     used = dict(used[list(used.keys())[0]])
-    assert used.get("shared.dyn") == tc.smem_bytes(fa, tile)
+    assert used.get("shared.dyn") == tcg.smem_bytes(fa, tile)
     assert "shared" not in used  # everything in the one dynamic allocation
     assert verify_gpu_code(kern, gpu.verify_constraints(H100))
 
@@ -253,7 +256,7 @@ def test_smem_bytes_matches_lowered_kernel(shape, stages):
 def test_trace_replays():
     f = gemm_nt_bias_relu(256, 256, 128)
     fa = CUDA.analyze(f)
-    for shape in (tc.WMMA, tc.MMA):
+    for shape in (tcg.WMMA, tcg.MMA):
         sch = tc.apply_tensorcore(f, fa, make_tile(fa, [128, 128, 32], [64, 64, 16], shape=shape))
         fresh = tvm.s_tir.Schedule(f)
         sch.trace.apply_to_schedule(fresh, remove_postproc=False)
@@ -264,8 +267,8 @@ def test_intrinsics_registered_once_with_roller_names():
     from tvm.s_tir import TensorIntrin
 
     for _ in range(2):
-        names = list(tc.wmma_intrinsics(False, True).values())
-        names += list(tc.mma_intrinsics(False).values())
+        names = list(tci.wmma_intrinsics(False, True).values())
+        names += list(tci.mma_intrinsics(False).values())
     assert all(n.startswith("roller_") for n in names)
     assert all(TensorIntrin.get(n) is not None for n in names)
 
@@ -273,19 +276,20 @@ def test_intrinsics_registered_once_with_roller_names():
 # -- numerics: the generated CUDA on the host emulator ----------------------------------------
 EMU_CASES = {
     # name: (workload, shape, l1, reg, stages, flavour)
-    "wmma": ("nn", (256, 256, 128), [128, 128, 32], [64, 64, 16], 2, tc.WMMA),
-    "mma": ("nn", (256, 256, 128), [128, 128, 32], [64, 64, 16], 2, tc.MMA),
-    "wmma-batch-3stage": ("batch", (2, 64, 128, 128), [1, 64, 64, 32], [1, 32, 32, 16], 3, tc.WMMA),
-    "mma-batch-1stage": ("batch", (2, 64, 128, 64), [1, 64, 64, 32], [1, 32, 32, 16], 1, tc.MMA),
+    "wmma": ("nn", (256, 256, 128), [128, 128, 32], [64, 64, 16], 2, tcg.WMMA),
+    "mma": ("nn", (256, 256, 128), [128, 128, 32], [64, 64, 16], 2, tcg.MMA),
+    "wmma-batch-3stage": ("batch", (2, 64, 128, 128), [1, 64, 64, 32], [1, 32, 32, 16], 3,
+                          tcg.WMMA),
+    "mma-batch-1stage": ("batch", (2, 64, 128, 64), [1, 64, 64, 32], [1, 32, 32, 16], 1, tcg.MMA),
     "wmma-nt-bias-relu": ("nt_bias_relu", (128, 128, 128), [64, 128, 32], [32, 64, 16], 2,
-                          tc.WMMA),
+                          tcg.WMMA),
     "mma-nt-bias-relu-3stage": ("nt_bias_relu", (128, 128, 128), [64, 128, 32], [32, 64, 16], 3,
-                                tc.MMA),
-    "wmma-tn-f32": ("tn", (128, 128, 64), [64, 64, 32], [32, 32, 16], 2, tc.WMMA),
+                                tcg.MMA),
+    "wmma-tn-f32": ("tn", (128, 128, 64), [64, 64, 32], [32, 32, 16], 2, tcg.WMMA),
     "mma-transposed-producer": ("transposed_producer", (128, 128, 64), [64, 64, 32],
-                                [32, 32, 16], 2, tc.MMA),
+                                [32, 32, 16], 2, tcg.MMA),
     "wmma-cast-producer": ("cast_producer", (128, 128, 64), [64, 64, 32], [32, 32, 16], 2,
-                           tc.WMMA),
+                           tcg.WMMA),
 }
 FAST_EMU = tuple(EMU_CASES)  # ~1-2 s each
 
@@ -315,10 +319,10 @@ def test_emulated_numerics(name, tmp_path):
     fa = CUDA.analyze(f)
     tile = make_tile(fa, l1, reg, stages=stages, shape=flavour)
     sch = tc.apply_tensorcore(f, fa, tile)
-    src = tc.build(sch.mod, tile, target("sm_80")).mod.imports[0].inspect_source()
+    src = tcp.build(sch.mod, tile, target("sm_80")).mod.imports[0].inspect_source()
     # a gathering copy (the transposed producer) must not become cp.async
     assert ("cp.async" in src) == (stages >= 2 and kind != "transposed_producer")
-    assert verify_gpu_code(tc.lower_device_kernel(sch.mod, tile, target("sm_80")),
+    assert verify_gpu_code(tcp.lower_device_kernel(sch.mod, tile, target("sm_80")),
                            gpu.verify_constraints(hardware.preset("a100")))
     rng = np.random.default_rng(0)
     params = [p for p in unwrap_func(f).params]
@@ -330,11 +334,11 @@ def test_emulated_numerics(name, tmp_path):
     out_shape = tuple(int(d) for d in out.ty.shape)
     arrays[out.name] = np.full(out_shape, np.nan, str(out.dtype))
     # grid and block from the tile: blockIdx.x over N, .y over M, .z over the batch
-    g = tc.gemm_structure(fa)
+    g = tcg.gemm_structure(fa)
     ext = [a.extent for a in fa.axes]
     grid = (ext[g.n] // l1[g.n], ext[g.m] // l1[g.m], int(np.prod([ext[b] for b in g.batch])))
     block = (32, tile.threads // 32, 1)
-    got = emulate(src, grid, block, tc.smem_bytes(fa, tile), arrays, out.name,
+    got = emulate(src, grid, block, tcg.smem_bytes(fa, tile), arrays, out.name,
                    workdir=str(tmp_path))
     ref = _reference(kind, arrays)
     assert np.all(np.isfinite(got)), "elements never written (NaN)"
@@ -375,7 +379,7 @@ def nvcc_report(src, arch, workdir):
 
 @needs_nvcc
 @pytest.mark.slow
-@pytest.mark.parametrize("flavour", [tc.WMMA, tc.MMA])
+@pytest.mark.parametrize("flavour", [tcg.WMMA, tcg.MMA])
 @pytest.mark.parametrize("name", list(NVCC_TILES))
 def test_nvcc_fp16_gemm(name, flavour, tmp_path):
     from tvm.s_tir.analysis import calculate_allocated_bytes, verify_gpu_code
@@ -386,21 +390,21 @@ def test_nvcc_fp16_gemm(name, flavour, tmp_path):
     tile = make_tile(fa, l1, reg, stages=stages, shape=flavour)
     for arch, preset in (("sm_90", "h100"), ("sm_80", "a100")):
         dev = hardware.preset(preset)
-        tc.validate_tile(fa, tile, dev)
+        tcg.validate_tile(fa, tile, dev)
         sch = tc.apply_tensorcore(f, fa, tile)
         tgt = target(arch)
-        kern = tc.lower_device_kernel(sch.mod, tile, tgt)
+        kern = tcp.lower_device_kernel(sch.mod, tile, tgt)
         assert verify_gpu_code(kern, gpu.verify_constraints(dev))
         used = calculate_allocated_bytes(kern)
         smem = dict(used[list(used.keys())[0]])["shared.dyn"]
-        assert smem == tc.smem_bytes(fa, tile) <= gpu.smem_limit(hardware.preset("h100"))
-        src = tc.build(sch.mod, tile, tgt).mod.imports[0].inspect_source()
+        assert smem == tcg.smem_bytes(fa, tile) <= gpu.smem_limit(hardware.preset("h100"))
+        src = tcp.build(sch.mod, tile, tgt).mod.imports[0].inspect_source()
         regs, stack, spill, ptx = nvcc_report(src, arch, str(tmp_path))
         assert spill == 0 and stack == 0, f"{arch}: {stack} B stack frame, {spill} B spill stores"
         assert regs <= 255
-        assert re.search(r"\bwmma\.mma\.sync\b" if flavour == tc.WMMA else r"\bmma\.sync\.aligned"
+        assert re.search(r"\bwmma\.mma\.sync\b" if flavour == tcg.WMMA else r"\bmma\.sync\.aligned"
                          r"\.m16n8k16\b", ptx)
-        if flavour == tc.MMA:
+        if flavour == tcg.MMA:
             assert "ldmatrix.sync.aligned" in ptx
         assert ("cp.async" in ptx) == (stages >= 2)
         print(f"{name} {flavour} {arch}: {regs} registers, {smem} B smem, {stack} B stack, "
@@ -414,8 +418,8 @@ def test_emulator_catches_broken_kernels(tmp_path):
     M, N, K = 128, 128, 128
     f = gw.fp16_gemm(M, N, K)
     fa = CUDA.analyze(f)
-    tile = make_tile(fa, [64, 64, 32], [32, 32, 16], stages=2, shape=tc.MMA)
-    src = tc.build(tc.apply_tensorcore(f, fa, tile).mod, tile,
+    tile = make_tile(fa, [64, 64, 32], [32, 32, 16], stages=2, shape=tcg.MMA)
+    src = tcp.build(tc.apply_tensorcore(f, fa, tile).mod, tile,
                    target("sm_80")).mod.imports[0].inspect_source()
     rng = np.random.default_rng(1)
     arrays = {"A": rng.uniform(-1, 1, (M, K)).astype("float16"),
@@ -433,7 +437,7 @@ def test_emulator_catches_broken_kernels(tmp_path):
         assert name == "none" or mutated != src, name
         args = dict(arrays, C=np.full((M, N), np.nan, "float16"))
         try:
-            got = emulate(mutated, (N // 64, M // 64, 1), (32, 4, 1), tc.smem_bytes(fa, tile),
+            got = emulate(mutated, (N // 64, M // 64, 1), (32, 4, 1), tcg.smem_bytes(fa, tile),
                            args, "C", workdir=str(tmp_path / str(i)))
             err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
             ok = bool(np.isfinite(err) and err < 2e-3)

@@ -1,9 +1,10 @@
-"""tvm_roller.tools.cuda_check.gpu_check (behind python/gpu_check.py) without a GPU: the CuPy
-launcher against a fake CuPy (kernel names, grids, blocks, dynamic shared memory, argument
-order, loading fallbacks), the PyTorch ops against the suite's float64 references on the CPU
-(and the GEMM chains' against numpy's), the results tables, and the ``build`` half on a few
-workloads and two small GEMM chains, one fused and one not (size, contents, and that the
-``run`` half reads it without TVM, also through the python/gpu_check.py command line)."""
+"""tvm_roller.tools.cuda_check.gpu_check and its parts (gpu_*; behind python/gpu_check.py)
+without a GPU: the CuPy launcher against a fake CuPy (kernel names, grids, blocks, dynamic
+shared memory, argument order, loading fallbacks), the PyTorch ops against the suite's float64
+references on the CPU (and the GEMM chains' against numpy's), the results tables, and the
+``build`` half on a few workloads and two small GEMM chains, one fused and one not (size,
+contents, and that the ``run`` half reads it without TVM, also through the python/gpu_check.py
+command line)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_roller.tools.cuda_check import gpu_check as g
+from tvm_roller.tools.cuda_check import (gpu_bundles, gpu_check, gpu_launch, gpu_manifest,
+                                         gpu_measure, gpu_reference, gpu_report, gpu_timing)
 
 from conftest import REPO_ROOT as ROOT  # noqa: E402
 SCRIPT = ROOT / "python" / "gpu_check.py"  # the command line (run as a program only)
@@ -27,9 +29,9 @@ HAVE_NVCC = bool(os.environ.get("TVM_ROLLER_NVCC") or shutil.which("nvcc")
 
 @pytest.fixture(autouse=True)
 def _fresh_loader_state():
-    g._LOAD_PREF.clear()  # which loading route worked is remembered per process
+    gpu_launch._LOAD_PREF.clear()  # which loading route worked is remembered per process
     yield
-    g._LOAD_PREF.clear()
+    gpu_launch._LOAD_PREF.clear()
 
 
 # -- a fake CuPy ------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def softmax_bundle():
 
 def test_launcher_multi_kernel(softmax_bundle):
     cp = FakeCupy()
-    launcher = g.Launcher(softmax_bundle, cp)
+    launcher = gpu_launch.Launcher(softmax_bundle, cp)
     (mod,) = cp.modules
     assert mod.code == softmax_bundle["source"] and mod.options[0] == "-arch=sm_90"
     assert launcher.how == "nvrtc -arch=sm_90"
@@ -166,7 +168,7 @@ def _hand_bundle(dyn: int) -> dict:
 
 def test_launcher_dynamic_smem_opt_in_and_scalars():
     cp = FakeCupy()
-    launcher = g.Launcher(_hand_bundle(73728), cp)
+    launcher = gpu_launch.Launcher(_hand_bundle(73728), cp)
     assert launcher.functions["k_big"].max_dynamic_shared_size_bytes == 73728  # > 48 KB: opt in
     assert not hasattr(launcher.functions["k_small"], "max_dynamic_shared_size_bytes")
     assert launcher.workspaces[0].nbytes == 6  # 3 float16
@@ -179,7 +181,7 @@ def test_launcher_dynamic_smem_opt_in_and_scalars():
     assert small["args"][1] is launcher.workspaces[0]
     assert again["args"][1] == 7 and again["args"][1].dtype == np.int32
     cp = FakeCupy()
-    g.Launcher(_hand_bundle(8192), cp)
+    gpu_launch.Launcher(_hand_bundle(8192), cp)
     assert not hasattr(cp.functions[0], "max_dynamic_shared_size_bytes")
 
 
@@ -187,35 +189,36 @@ def test_loader_fallbacks(tmp_path):
     bundle = _hand_bundle(0)
     # an NVRTC that rejects a second -arch: CuPy's own arch option only
     cp = FakeCupy(reject=lambda opts: any(o.startswith("-arch") for o in opts))
-    launcher = g.Launcher(bundle, cp)
+    launcher = gpu_launch.Launcher(bundle, cp)
     assert launcher.how == "nvrtc" and not any(o.startswith("-arch") for o in cp.modules[-1].options)
     # remembered: the next module tries that route first
     cp2 = FakeCupy(reject=lambda opts: any(o.startswith("-arch") for o in opts))
-    g.Launcher(bundle, cp2)
+    gpu_launch.Launcher(bundle, cp2)
     assert len(cp2.modules) == 1
     # no usable NVRTC at all: the cubin nvcc built
-    g._LOAD_PREF.clear()
+    gpu_launch._LOAD_PREF.clear()
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\x7fELF")
     cp3 = FakeCupy(reject=lambda opts: True)
-    launcher = g.Launcher(bundle, cp3, cubin_path=str(cubin))
+    launcher = gpu_launch.Launcher(bundle, cp3, cubin_path=str(cubin))
     assert launcher.how == "cubin" and cp3.modules[-1].path == str(cubin)
-    g._LOAD_PREF.clear()
+    gpu_launch._LOAD_PREF.clear()
     with pytest.raises(RuntimeError, match="NVRTC_ERROR_INVALID_OPTION.*CUDA_ERROR_INVALID_IMAGE"):
-        g.Launcher(bundle, FakeCupy(reject=lambda o: True, reject_cubin=True), cubin_path=str(cubin))
+        gpu_launch.Launcher(bundle, FakeCupy(reject=lambda o: True, reject_cubin=True),
+                            cubin_path=str(cubin))
     # a kernel missing from the source is a load error, not a silent skip
-    g._LOAD_PREF.clear()
+    gpu_launch._LOAD_PREF.clear()
     bad = dict(bundle, launches=[dict(bundle["launches"][0], name="nope")])
     with pytest.raises(RuntimeError, match="nope"):
-        g.Launcher(bad, FakeCupy())
+        gpu_launch.Launcher(bad, FakeCupy())
 
 
 def test_nvrtc_options_define_infinity_only_when_used():
     cp = FakeCupy()
     src = 'extern "C" __global__ void k(float* x) { x[0] = INFINITY; }'
-    g.load_module(cp, src, "sm_90", "k")
+    gpu_launch.load_module(cp, src, "sm_90", "k")
     assert "-DINFINITY=__int_as_float(0x7f800000)" in cp.modules[-1].options
-    g.load_module(cp, src.replace("INFINITY", "1.0f"), "sm_90", "k")
+    gpu_launch.load_module(cp, src.replace("INFINITY", "1.0f"), "sm_90", "k")
     assert not any("INFINITY" in o for o in cp.modules[-1].options)
 
 
@@ -235,11 +238,11 @@ def test_torch_ops_match_references(name):
     func = workloads.create(cls, idx)
     inputs = workloads.random_inputs(func)
     ref = references.reference(cls, idx, inputs)
-    fn, back = g.torch_op(cls, references.named_params(cls, idx),
+    fn, back = gpu_reference.torch_op(cls, references.named_params(cls, idx),
                           [torch.from_numpy(x).to(torch.float64) for x in inputs])
     out = back(fn())
     assert tuple(out.shape) == workloads.output_spec(func)[0]
-    assert g.rel_error(out, torch.from_numpy(np.asarray(ref))) < 1e-12
+    assert gpu_reference.rel_error(out, torch.from_numpy(np.asarray(ref))) < 1e-12
 
 
 @pytest.mark.parametrize("batch", [None, [2], [2, 3]])
@@ -254,44 +257,49 @@ def test_torch_op_chain_matches_numpy(batch, middle):
     a, b, d = chain_inputs(batch, m, k, l, n)
     ref = torch.from_numpy(chain_reference(a, b, d, middle))
     params = {"batch": batch, "m": m, "k": k, "l": l, "n": n, "middle": middle}
-    fn, back = g.torch_op("CHAIN", params, [torch.from_numpy(x).double() for x in (a, b, d)])
+    fn, back = gpu_reference.torch_op("CHAIN", params,
+                                      [torch.from_numpy(x).double() for x in (a, b, d)])
     out = back(fn())
     assert tuple(out.shape) == tuple(batch or ()) + (m, n) and out.dtype == torch.float64
-    assert g.rel_error(out, ref) < 1e-12
-    fn32, back32 = g.torch_op("CHAIN", params, [torch.from_numpy(x) for x in (a, b, d)])
+    assert gpu_reference.rel_error(out, ref) < 1e-12
+    fn32, back32 = gpu_reference.torch_op("CHAIN", params, [torch.from_numpy(x) for x in (a, b, d)])
     out32 = back32(fn32())
-    assert out32.dtype == torch.float32 and g.rel_error(out32, ref) < g.CHAIN_TOL
+    assert (out32.dtype == torch.float32
+            and gpu_reference.rel_error(out32, ref) < gpu_bundles.CHAIN_TOL)
     with pytest.raises(ValueError, match="middle"):
-        g.torch_op("CHAIN", dict(params, middle="tanh"), [torch.from_numpy(x) for x in (a, b, d)])
+        gpu_reference.torch_op("CHAIN", dict(params, middle="tanh"),
+                               [torch.from_numpy(x) for x in (a, b, d)])
 
 
 def test_torch_op_hgemm():
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(0)
-    a = g.random_tensor((64, 32), "float16", gen, device="cpu")
-    b = g.random_tensor((32, 48), "float16", gen, device="cpu")
-    fn, back = g.torch_op("HGEMM", {"m": 64, "n": 48, "k": 32}, [a.double(), b.double()])
+    a = gpu_reference.random_tensor((64, 32), "float16", gen, device="cpu")
+    b = gpu_reference.random_tensor((32, 48), "float16", gen, device="cpu")
+    fn, back = gpu_reference.torch_op("HGEMM", {"m": 64, "n": 48, "k": 32},
+                                      [a.double(), b.double()])
     ref = torch.from_numpy(a.double().numpy() @ b.double().numpy())
-    assert g.rel_error(back(fn()), ref) < 1e-12
-    assert g.rel_error((a.double() @ b.double()).half(), ref) < g.FP16_TOL
+    assert gpu_reference.rel_error(back(fn()), ref) < 1e-12
+    assert gpu_reference.rel_error((a.double() @ b.double()).half(), ref) < gpu_bundles.FP16_TOL
 
 
 def test_rel_error_and_random_tensor():
     torch = pytest.importorskip("torch")
     ref = torch.tensor([[1.0, -2.0], [0.5, 4.0]], dtype=torch.float64)
-    assert g.rel_error(ref.float(), ref) == 0.0
-    assert g.rel_error(ref + 0.04, ref) == pytest.approx(0.01)
-    assert g.rel_error(torch.full((2, 2), float("nan")), ref) == float("inf")
-    assert g.rel_error(ref[0], ref) == float("inf")
-    x = g.random_tensor((64, 64), "float16", torch.Generator().manual_seed(1), device="cpu")
+    assert gpu_reference.rel_error(ref.float(), ref) == 0.0
+    assert gpu_reference.rel_error(ref + 0.04, ref) == pytest.approx(0.01)
+    assert gpu_reference.rel_error(torch.full((2, 2), float("nan")), ref) == float("inf")
+    assert gpu_reference.rel_error(ref[0], ref) == float("inf")
+    x = gpu_reference.random_tensor((64, 64), "float16", torch.Generator().manual_seed(1),
+                                    device="cpu")
     assert x.dtype == torch.float16 and bool((x != 0).all()) and float(x.abs().max()) <= 1.0
 
 
 def test_n_copies():
     l2 = 50 * 2**20
-    assert g.n_copies(100 * 2**20, l2) == 2  # 3x the L2 in two copies
-    assert g.n_copies(2**10, l2) == 32  # capped
-    assert g.n_copies(2**31, l2) == 1  # a copy bigger than the memory cap: just one
+    assert gpu_timing.n_copies(100 * 2**20, l2) == 2  # 3x the L2 in two copies
+    assert gpu_timing.n_copies(2**10, l2) == 32  # capped
+    assert gpu_timing.n_copies(2**31, l2) == 1  # a copy bigger than the memory cap: just one
 
 
 def test_table_and_geomeans():
@@ -307,7 +315,7 @@ def test_table_and_geomeans():
     ]
     micro = [{"name": "DRAM bandwidth", "unit": "GB/s", "measured": 4000.0, "preset": 4320.0,
               "ratio": 4000 / 4320, "how": "copy"}, {"name": "L2", "unit": "GB/s", "error": "boom"}]
-    text, md, summary = g.table(rows, micro)
+    text, md, summary = gpu_report.table(rows, micro)
     assert summary["geomean_vs_dlight"] == pytest.approx(4.0)  # sqrt(2 * 8); C:0 is wrong
     assert summary["geomean_vs_torch"] == pytest.approx(1.0)  # sqrt(0.5 * 2)
     assert summary["roller_wrong"] == ["C:0"] and summary["roller_ok"] == 2
@@ -334,10 +342,10 @@ def test_chain_table():
             {"name": "CHAIN:d", "kind": "chain", "impls": ["roller", "unfused"],
              "roller": {"status": "skipped"}, "unfused": {"status": "skipped"},
              "torch": {"status": "skipped"}}]
-    text, md, summary = g.table(rows, [])
+    text, md, summary = gpu_report.table(rows, [])
     # the suite's part is what it was without the chains
-    assert {k: v for k, v in summary.items() if k != "chains"} == g.table([suite], [])[2]
-    assert text.startswith(g.table([suite], [])[0])
+    assert {k: v for k, v in summary.items() if k != "chains"} == gpu_report.table([suite], [])[2]
+    assert text.startswith(gpu_report.table([suite], [])[0])
     ch = summary["chains"]
     assert ch["chains"] == 4 and ch["fused"] == ["CHAIN:a", "CHAIN:b"]
     assert ch["geomean_fused_vs_unfused"] == pytest.approx(2.0)  # sqrt(4 * 1); c was not fused
@@ -358,14 +366,14 @@ def test_chain_table():
     assert any(l.startswith("* built under") for l in lines)
     assert "| chain | model |" in md and md.startswith("| workload |")
     # chains alone: their table only
-    text, md, summary = g.table(rows[1:], [])
+    text, md, summary = gpu_report.table(rows[1:], [])
     assert md.startswith("| chain | model |") and "workload" not in text
     assert summary["workloads"] == 0 and summary["chains"]["chains"] == 4
 
 
 # -- build ------------------------------------------------------------------------------------
 BUILD_OPS = "GMM:0,SFM:0,NRM:0,CHAIN"
-# small GEMM chains in place of gpu_check.CHAINS (seconds, not minutes): the model fuses the
+# small GEMM chains in place of gpu_bundles.CHAINS (seconds, not minutes): the model fuses the
 # first (a row block of the softmax attention fits and saves traffic), not the second
 TEST_CHAINS = {"CHAIN:tiny": ([16], 128, 16, 64, 16, "softmax"),
                "CHAIN:mlp-tiny": (None, 16, 32, 64, 32, "gelu")}
@@ -376,7 +384,8 @@ def built(tmp_path_factory):
     pytest.importorskip("tvm")
     out = tmp_path_factory.mktemp("gpu_bundles")
     lines = []
-    manifest = g.build(out, BUILD_OPS, nvcc=HAVE_NVCC, log=lines.append, chains=TEST_CHAINS)
+    manifest = gpu_bundles.build(out, BUILD_OPS, nvcc=HAVE_NVCC, log=lines.append,
+                                 chains=TEST_CHAINS)
     return out, manifest, lines
 
 
@@ -387,15 +396,15 @@ def _check_bundles(out, w):
         rec = w[impl]
         if "bundle" not in rec:
             continue
-        bundle = json.loads(g.read_gz(out / rec["bundle"]))
+        bundle = json.loads(gpu_manifest.read_gz(out / rec["bundle"]))
         assert [list(p["shape"]) for p in bundle["params"]] == [a[0] for a in w["args"]]
         assert rec["launches"] == [[l["name"], l["grid"], l["block"], l["dyn_smem_bytes"]]
                                    for l in bundle["launches"]]
         if HAVE_NVCC:
-            assert g.read_gz(out / rec["cubin"])[:4] == b"\x7fELF"
+            assert gpu_manifest.read_gz(out / rec["cubin"])[:4] == b"\x7fELF"
             assert set(rec["kernels"]) == {l["name"] for l in bundle["launches"]}
         cp = FakeCupy()
-        launcher = g.Launcher(bundle, cp)
+        launcher = gpu_launch.Launcher(bundle, cp)
         params = [Buf(p["name"]) for p in bundle["params"]]
         launcher(params)
         assert len(cp.calls) == len(bundle["launches"])
@@ -410,8 +419,8 @@ def test_build_writes_small_complete_bundles(built):
     assert [w["name"] for w in manifest["workloads"]] == ["GMM:0", "SFM:0", "NRM:0",
                                                           *TEST_CHAINS]
     size = sum(p.stat().st_size for p in out.iterdir())
-    assert size < 1 * 2**20 and size < g.MAX_DIR_BYTES
-    assert json.loads((out / g.MANIFEST).read_text()) == manifest
+    assert size < 1 * 2**20 and size < gpu_bundles.MAX_DIR_BYTES
+    assert json.loads((out / gpu_manifest.MANIFEST).read_text()) == manifest
     assert manifest["arch"] == "sm_90" and manifest["device"]["name"].startswith("NVIDIA H200")
     for w in manifest["workloads"]:
         assert w["args"][-1][1] == "float32" and w["tol"] > 0 and w["flops"] > 0
@@ -440,19 +449,19 @@ def test_build_chains(built):
         bs = list(batch or [])
         assert w["args"] == [[bs + [m, k], "float32"], [bs + [k, l], "float32"],
                              [bs + [l, n], "float32"], [bs + [m, n], "float32"]]
-        assert w["tol"] == g.CHAIN_TOL and not w["memory_bound"]
+        assert w["tol"] == gpu_bundles.CHAIN_TOL and not w["memory_bound"]
         assert w["flops"] >= 2 * int(np.prod(bs or [1])) * m * l * (k + n)
         assert w["fusion"]["reason"] and w["fusion"]["plan"]["rows"] >= 1
         for impl in w["impls"]:
             assert "bundle" in w[impl], w[impl]
         _check_bundles(out, w)
-        unfused = json.loads(g.read_gz(out / w["unfused"]["bundle"]))
+        unfused = json.loads(gpu_manifest.read_gz(out / w["unfused"]["bundle"]))
         n_ops = 3 if middle == "softmax" else 2  # matmul (+ epilogue), row-wise stages, matmul
         assert len(unfused["launches"]) >= n_ops and unfused["workspaces"]
         assert {ws["count"] for ws in unfused["workspaces"]} == {int(np.prod(bs or [1])) * m * l}
     tiny, mlp = chains["CHAIN:tiny"], chains["CHAIN:mlp-tiny"]
     assert tiny["fusion"]["fuse"] and "fuse" in tiny["fusion"]["reason"]
-    fused = json.loads(g.read_gz(out / tiny["roller"]["bundle"]))
+    fused = json.loads(gpu_manifest.read_gz(out / tiny["roller"]["bundle"]))
     assert len(fused["launches"]) == 1 and not fused["workspaces"]  # one kernel, no round trip
     assert not mlp["fusion"]["fuse"] and "do not fuse" in mlp["fusion"]["reason"]
     assert mlp["roller"]["launches"] == mlp["unfused"]["launches"]  # declined: the same kernels
@@ -464,33 +473,34 @@ def test_build_again_replaces_old_bundles(built, tmp_path):
     pytest.importorskip("tvm")
     (tmp_path / "OLD_0.dlight.json.gz").write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("mine")
-    g.build(tmp_path, "SFM:0", nvcc=False, log=lambda s: None)
+    gpu_bundles.build(tmp_path, "SFM:0", nvcc=False, log=lambda s: None)
     names = {p.name for p in tmp_path.iterdir()}
     assert "OLD_0.dlight.json.gz" not in names and "notes.txt" in names
 
 
 def test_workload_selection():
     pytest.importorskip("tvm")
-    specs = g._workload_specs(None)
-    assert len(specs) == 52 + 3 + len(g.CHAINS)
-    assert specs[52:] == ([(n, "hgemm", None) for n in g.HGEMMS]
-                          + [(n, "chain", None) for n in g.CHAINS])
-    assert [s[0] for s in g._workload_specs("CHAIN")] == list(g.CHAINS)
-    assert g._workload_specs("chain:MLP,GMM:1") == [("GMM:1", "suite", ("GMM", 1)),
-                                                    ("CHAIN:mlp", "chain", None)]
-    assert g._workload_specs("CHAIN:a", {"CHAIN:a": None}) == [("CHAIN:a", "chain", None)]
+    specs = gpu_bundles._workload_specs(None)
+    assert len(specs) == 52 + 3 + len(gpu_bundles.CHAINS)
+    assert specs[52:] == ([(n, "hgemm", None) for n in gpu_bundles.HGEMMS]
+                          + [(n, "chain", None) for n in gpu_bundles.CHAINS])
+    assert [s[0] for s in gpu_bundles._workload_specs("CHAIN")] == list(gpu_bundles.CHAINS)
+    assert gpu_bundles._workload_specs("chain:MLP,GMM:1") == [("GMM:1", "suite", ("GMM", 1)),
+                                                              ("CHAIN:mlp", "chain", None)]
+    assert gpu_bundles._workload_specs("CHAIN:a", {"CHAIN:a": None}) == [("CHAIN:a", "chain", None)]
     with pytest.raises(SystemExit, match="CHAIN:NOPE"):
-        g._workload_specs("CHAIN:nope")
-    assert g._workload_specs("GMM:1,HGEMM:1024") == [("GMM:1", "suite", ("GMM", 1)),
-                                                     ("HGEMM:1024", "hgemm", None)]
-    assert [s[0] for s in g._workload_specs("HGEMM")] == list(g.HGEMMS)
+        gpu_bundles._workload_specs("CHAIN:nope")
+    assert gpu_bundles._workload_specs("GMM:1,HGEMM:1024") == [("GMM:1", "suite", ("GMM", 1)),
+                                                               ("HGEMM:1024", "hgemm", None)]
+    assert [s[0] for s in gpu_bundles._workload_specs("HGEMM")] == list(gpu_bundles.HGEMMS)
     with pytest.raises(SystemExit, match="HGEMM:7"):
-        g._workload_specs("HGEMM:7")
-    wls = [{"name": n} for n in ("GMM:0", "GMM:1", "SFM:0", "HGEMM:1024", *g.CHAINS)]
-    assert [w["name"] for w in g.select(wls, "gmm,HGEMM:1024")] == ["GMM:0", "GMM:1", "HGEMM:1024"]
-    assert [w["name"] for w in g.select(wls, "CHAIN")] == list(g.CHAINS)
-    assert [w["name"] for w in g.select(wls, "chain:attn128")] == ["CHAIN:attn128"]
-    assert g.impls_of({"name": "old manifest"}) == ["roller", "dlight"]
+        gpu_bundles._workload_specs("HGEMM:7")
+    wls = [{"name": n} for n in ("GMM:0", "GMM:1", "SFM:0", "HGEMM:1024", *gpu_bundles.CHAINS)]
+    assert [w["name"] for w in gpu_manifest.select(wls, "gmm,HGEMM:1024")] == ["GMM:0", "GMM:1",
+                                                                                "HGEMM:1024"]
+    assert [w["name"] for w in gpu_manifest.select(wls, "CHAIN")] == list(gpu_bundles.CHAINS)
+    assert [w["name"] for w in gpu_manifest.select(wls, "chain:attn128")] == ["CHAIN:attn128"]
+    assert gpu_manifest.impls_of({"name": "old manifest"}) == ["roller", "dlight"]
 
 
 def test_run_half_needs_no_tvm(built):
@@ -502,24 +512,27 @@ import importlib.util, json, sys
 sys.modules["tvm"] = None
 # as python/gpu_check.py does for "run": the tvm_roller package without its __init__ (TVM)
 sys.modules["tvm_roller"] = importlib.util.module_from_spec(importlib.util.find_spec("tvm_roller"))
-from tvm_roller.tools.cuda_check import gpu_check as g
+from pathlib import Path
+from tvm_roller.tools.cuda_check import gpu_check  # the entry python/gpu_check.py runs
+from tvm_roller.tools.cuda_check import gpu_launch, gpu_manifest, gpu_reference
 import torch
 d = {str(out)!r}
-m = g.load_manifest(g.Path(d))
+m = gpu_manifest.load_manifest(Path(d))
 n = 0
-for w in g.select(m["workloads"], "GMM,SFM:0,CHAIN"):
+for w in gpu_manifest.select(m["workloads"], "GMM,SFM:0,CHAIN"):
     gen = torch.Generator().manual_seed(0)
-    ins = [g.random_tensor(s, dt, gen, device="cpu") for s, dt in w["args"][:-1]]
-    fn, back = g.torch_op(w["cls"], w["params"], [x.double() for x in ins])
+    ins = [gpu_reference.random_tensor(s, dt, gen, device="cpu") for s, dt in w["args"][:-1]]
+    fn, back = gpu_reference.torch_op(w["cls"], w["params"], [x.double() for x in ins])
     assert list(back(fn()).shape) == w["args"][-1][0]
-    for impl in g.impls_of(w):
+    for impl in gpu_manifest.impls_of(w):
         if "bundle" in w[impl]:
-            b = json.loads(g.read_gz(g.Path(d) / w[impl]["bundle"]))
+            b = json.loads(gpu_manifest.read_gz(Path(d) / w[impl]["bundle"]))
             cp = FakeCupy()
-            g.Launcher(b, cp)([object() for _ in b["params"]])
+            gpu_launch.Launcher(b, cp)([object() for _ in b["params"]])
             n += len(cp.calls)
 assert "tvm" not in [k for k, v in sys.modules.items() if v is not None]
-assert not [k for k in sys.modules if k.startswith("tvm_roller.")
+# the parent packages hold docstrings only; nothing else of roller (nor TVM) may load
+assert not [k for k in sys.modules if k.startswith("tvm_roller.") and k != "tvm_roller.tools"
             and not k.startswith("tvm_roller.tools.cuda_check")], "tvm_roller modules imported"
 assert "tvm_roller.tools.cuda_check.build" not in sys.modules
 print("launches", n)
@@ -540,23 +553,24 @@ def test_command_line_runs_without_tvm(tmp_path):
     (mods / "cupy.py").write_text('__version__ = "fake"\n')
     bundles = tmp_path / "bundles"
     bundles.mkdir()
-    (bundles / g.MANIFEST).write_text(json.dumps({"format": g.FORMAT + 1}))
+    (bundles / gpu_manifest.MANIFEST).write_text(json.dumps({"format": gpu_manifest.FORMAT + 1}))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(mods)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cli = lambda *args: subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
                                        text=True, timeout=120, env=env, cwd=tmp_path)
     res = cli("run", str(bundles), "--no-micro")
     assert res.returncode == 1, res.stderr[-3000:]
-    assert f"is format {g.FORMAT + 1}, expected {g.FORMAT}" in res.stderr, res.stderr[-3000:]
+    assert (f"is format {gpu_manifest.FORMAT + 1}, expected {gpu_manifest.FORMAT}"
+            in res.stderr), res.stderr[-3000:]
     res = cli("--help")
     assert res.returncode == 0 and "{build,run}" in res.stdout, res.stderr[-3000:]
-    assert g.__doc__.splitlines()[0][:40] in " ".join(res.stdout.split())
+    assert gpu_check.__doc__.splitlines()[0][:40] in " ".join(res.stdout.split())
 
 
 def test_load_all_compiles_every_bundle_ahead(built):
     out, manifest, _ = built
     cp = FakeCupy()
-    loaded = g.load_all(manifest["workloads"], out, cp, workers=3)
+    loaded = gpu_measure.load_all(manifest["workloads"], out, cp, workers=3)
     expect = {(w["name"], i) for w in manifest["workloads"] for i in w["impls"]
               if "bundle" in w[i]}
     assert {("CHAIN:tiny", "roller"), ("CHAIN:tiny", "unfused")} <= expect
@@ -565,11 +579,12 @@ def test_load_all_compiles_every_bundle_ahead(built):
         bundle, cubin_path, (mod, how), secs = res
         assert mod.code == bundle["source"] and how.startswith("nvrtc") and secs >= 0
         assert (cubin_path is not None) == HAVE_NVCC
-        g.Launcher(bundle, cp, module=(mod, how))  # no second compile
+        gpu_launch.Launcher(bundle, cp, module=(mod, how))  # no second compile
     assert len(cp.modules) == len(expect)
     # a load that fails is recorded, not raised (check_workload retries it on demand)
-    g._LOAD_PREF.clear()
-    bad = g.load_all(manifest["workloads"], out, FakeCupy(reject=lambda o: True, reject_cubin=True))
+    gpu_launch._LOAD_PREF.clear()
+    bad = gpu_measure.load_all(manifest["workloads"], out,
+                               FakeCupy(reject=lambda o: True, reject_cubin=True))
     assert set(bad) == expect and all(isinstance(v, RuntimeError) for v in bad.values())
 
 
@@ -608,10 +623,10 @@ def test_run_replayed_on_cpu(built, tmp_path, monkeypatch):
     cp.cuda = types.SimpleNamespace(ExternalStream=lambda ptr: contextlib.nullcontext())
     cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setattr(g, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_reference, "DEVICE", "cpu")
     lines = []
-    res = g.run(out, ops=None, budget_s=120, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
-                log=lines.append)
+    res = gpu_check.run(out, ops=None, budget_s=120, micro=False, per_impl_s=0.002,
+                        out_dir=str(tmp_path), log=lines.append)
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"GMM:0", "SFM:0", "NRM:0", *TEST_CHAINS}
     for r in rows.values():
@@ -639,23 +654,23 @@ def test_run_replayed_on_cpu(built, tmp_path, monkeypatch):
     assert any(l.startswith("compiled ") for l in lines)
     assert any("CHAIN:tiny" in l and "unfused=" in l for l in lines)
     # out of budget: the rest are reported as skipped, not run
-    res = g.run(out, ops=None, budget_s=1, micro=False, per_impl_s=0.002, out_dir=str(tmp_path),
-                log=lambda s: None)
+    res = gpu_check.run(out, ops=None, budget_s=1, micro=False, per_impl_s=0.002,
+                        out_dir=str(tmp_path), log=lambda s: None)
     assert all(r[i]["status"] == "skipped" for r in res["rows"] for i in r["impls"] + ["torch"])
     assert {r["name"] for r in res["rows"] if "unfused" in r} == set(TEST_CHAINS)
 
 
 @pytest.mark.slow
 def test_build_the_real_chains(tmp_path):
-    """``build --ops CHAIN`` with gpu_check.CHAINS: every chain's two implementations build and
+    """``build --ops CHAIN`` with gpu_bundles.CHAINS: every chain's two implementations build and
     compile; the model fuses the 512-token attention and nothing else. Where roller's cp.async
     PassContext fails to lower a stitched chain, the bundle was built under TVM's default one
     and says so."""
     pytest.importorskip("tvm")
     lines = []
-    manifest = g.build(tmp_path, "CHAIN", nvcc=HAVE_NVCC, log=lines.append)
+    manifest = gpu_bundles.build(tmp_path, "CHAIN", nvcc=HAVE_NVCC, log=lines.append)
     ws = {w["name"]: w for w in manifest["workloads"]}
-    assert list(ws) == list(g.CHAINS)
+    assert list(ws) == list(gpu_bundles.CHAINS)
     assert {n for n, w in ws.items() if w["fusion"]["fuse"]} == {"CHAIN:attn512"}
     for w in ws.values():
         for impl in w["impls"]:
@@ -663,6 +678,7 @@ def test_build_the_real_chains(tmp_path):
             assert "bundle" in rec, (w["name"], impl, rec)
             assert ("built_under" in rec) == ("roller_context_error" in rec)
         _check_bundles(tmp_path, w)
-    fused = json.loads(g.read_gz(tmp_path / ws["CHAIN:attn512"]["roller"]["bundle"]))
-    assert len(fused["launches"]) == 1 and fused["launches"][0]["dyn_smem_bytes"] > g.STATIC_SMEM_LIMIT
+    fused = json.loads(gpu_manifest.read_gz(tmp_path / ws["CHAIN:attn512"]["roller"]["bundle"]))
+    assert (len(fused["launches"]) == 1
+            and fused["launches"][0]["dyn_smem_bytes"] > gpu_launch.STATIC_SMEM_LIMIT)
     assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 1 * 2**20

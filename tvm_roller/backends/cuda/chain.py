@@ -169,6 +169,18 @@ def _fmt(b: float) -> str:
     return f"{b:.0f} B"
 
 
+@dataclass(frozen=True)
+class _RowBlock:
+    """A candidate row block: its threads, both matmuls' layouts, shared memory and blocks."""
+
+    rows: int
+    threads: int
+    l1: _MatmulLayout  # the first matmul (rows x l)
+    l2: _MatmulLayout  # the second matmul (rows x n)
+    smem: int  # bytes of shared memory per block
+    blocks: int  # thread blocks: batch x m / rows
+
+
 def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
                     rows: Optional[int] = None) -> CudaChainPlan:
     """Whether to fuse ``chain`` into one CUDA kernel on the GPU ``dev``, and its layout.
@@ -176,103 +188,150 @@ def plan_cuda_chain(chain: GemmChain, dev: DeviceModel,
     The row block is the largest divisor of m (at most MAX_ROWS) whose slice and tiles fit the
     opt-in shared memory per block and that still gives every SM a thread block (else the one
     with the most blocks); ``rows`` forces it (a divisor of m)."""
+    _check_request(chain, dev, rows)
+    limit = gpu.smem_limit(dev)
+    sms = max(1, dev.num_units)
+    round_trip = 2 * math.prod(chain.batch) * chain.m * chain.l * chain.elem_bytes
+    traffic_unfused, own_pass = _unfused_traffic(chain, dev, round_trip)
+    fused_desc = _movement_chain(chain, whole_rows=True)
+    cands = _row_blocks(chain, rows, dev.gpu.warp_size)
+    fitting = [c for c in cands if c.smem <= limit]
+    chosen = _choose_row_block(cands, fitting, sms, rows)
+    fits, why = _buildable(chain, dev, limit, sms, cands, fitting, chosen)
+    tf = _fused_traffic(chain, fused_desc, chosen)
+    saved = round_trip * (2 if chain.row_reduction else 1)
+    share = saved / traffic_unfused if traffic_unfused else 0.0
+    why.append(f"traffic into shared memory: fused {_fmt(tf)} (B and D read again by each of "
+               f"the {chosen.blocks} row blocks) vs unfused {_fmt(traffic_unfused)}, of which the "
+               f"intermediate's round trip is {_fmt(round_trip)}"
+               + (f" {own_pass}" if own_pass else "") + f" ({share:.0%})")
+    fuse = (fits and chosen.blocks >= sms and tf < FUSE_THRESHOLD * traffic_unfused
+            and share >= MIN_ROUND_TRIP_SHARE)
+    if fitting and not fuse and fitting[0].rows != chosen.rows:
+        why.extend(_largest_block_note(chain, fused_desc, fitting[0], traffic_unfused))
+    if fuse:
+        why.append(f"fuse: {1 - tf / traffic_unfused:.0%} less traffic")
+    else:
+        why.append("do not fuse" if fits else "cannot fuse")
+    l1, l2 = chosen.l1, chosen.l2
+    return CudaChainPlan(fuse, fits, "; ".join(why), chosen.rows, chosen.threads,
+                         (l1.ir, l1.jr), (l2.ir, l2.jr), l1.step, l1.cols, l2.step, l2.cols,
+                         chain.row_reduction, chosen.smem, limit, chosen.blocks, tf,
+                         traffic_unfused, round_trip)
+
+
+def _check_request(chain: GemmChain, dev: DeviceModel, rows: Optional[int]) -> None:
+    """A GPU device model, and a forced row block that divides m."""
     if dev.kind != "gpu":
         raise UnsupportedError(f"plan_cuda_chain needs a GPU device model, got {dev.name} "
                                f"({dev.kind})")
     if rows is not None and (rows < 1 or chain.m % rows):
         raise UnsupportedError(f"row block {rows} does not divide m = {chain.m}")
-    batch = math.prod(chain.batch)
-    e = chain.elem_bytes
-    limit = gpu.smem_limit(dev)
-    sms = max(1, dev.num_units)
-    row_red = chain.row_reduction
-    round_trip = 2 * batch * chain.m * chain.l * e
 
-    def describe(whole_rows: bool):
-        desc = movement.gemm_chain(batch, chain.m, chain.k, chain.l, chain.n, e)
-        for loop in desc.loops:
-            loop.untiled = loop.untiled or (whole_rows and loop.name == "l")
-        return desc
 
-    # the operators one by one, each with its best tiles and parallelism (l tiled freely)
-    alone = movement.plan_chain(describe(False), dev, include_compute=False)
-    traffic_unfused = int(alone.total_unfused)
-    extra = []
+def _movement_chain(chain: GemmChain, whole_rows: bool) -> movement.Chain:
+    """``movement``'s description of the chain; ``whole_rows``: l untiled (the fused kernel
+    keeps whole rows of the intermediate)."""
+    desc = movement.gemm_chain(math.prod(chain.batch), chain.m, chain.k, chain.l, chain.n,
+                               chain.elem_bytes)
+    for loop in desc.loops:
+        loop.untiled = loop.untiled or (whole_rows and loop.name == "l")
+    return desc
+
+
+def _unfused_traffic(chain: GemmChain, dev: DeviceModel, round_trip: int
+                     ) -> Tuple[int, Optional[str]]:
+    """Traffic into shared memory of the operators one by one, each with its best tiles and
+    parallelism (l tiled freely), plus the passes that a kernel boundary costs; and a note on a
+    row reduction's own pass, if any."""
+    alone = movement.plan_chain(_movement_chain(chain, whole_rows=False), dev,
+                                include_compute=False)
+    traffic = int(alone.total_unfused)
+    own_pass = None
     if any(i["fits_tile_level"] for i in alone.intermediates):
         # the model lets an intermediate that fits the tile level stay there between the ops
         # (true of a CPU cache); shared memory does not outlive a kernel: charge the round trip
-        traffic_unfused += round_trip
-    if row_red:
+        traffic += round_trip
+    if chain.row_reduction:
         # a row reduction cannot fold into a matmul's epilogue: its own pass reads C, writes S
-        traffic_unfused += round_trip
-        extra.append(f"plus {_fmt(round_trip)} for the softmax's own pass")
-    fused_desc = describe(True)
+        traffic += round_trip
+        own_pass = f"plus {_fmt(round_trip)} for the softmax's own pass"
+    return traffic, own_pass
 
-    def traffic(r: int, l1: _MatmulLayout, l2: _MatmulLayout) -> int:
-        dm = movement.data_movement(fused_desc, ["b", "m", "l", "k", "n"],
-                                    {"b": 1, "m": r, "l": chain.l, "k": l1.step,
-                                     "n": min(l2.cols, chain.n)})
-        # the model sees one pass over the slice; the kernel re-reads A's rows per l-pass
-        passes = -(-chain.l // l1.cols)
-        return int(sum(dm.values()) + (passes - 1) * batch * chain.m * chain.k * e)
 
+def _fused_traffic(chain: GemmChain, fused_desc: movement.Chain, block: _RowBlock) -> int:
+    """Traffic into shared memory of the fused kernel with row block ``block``."""
+    l1, l2 = block.l1, block.l2
+    dm = movement.data_movement(fused_desc, ["b", "m", "l", "k", "n"],
+                                {"b": 1, "m": block.rows, "l": chain.l, "k": l1.step,
+                                 "n": min(l2.cols, chain.n)})
+    # the model sees one pass over the slice; the kernel re-reads A's rows per l-pass
+    passes = -(-chain.l // l1.cols)
+    return int(sum(dm.values())
+               + (passes - 1) * math.prod(chain.batch) * chain.m * chain.k * chain.elem_bytes)
+
+
+def _row_blocks(chain: GemmChain, rows: Optional[int], warp: int) -> List[_RowBlock]:
+    """Every row block that divides m (at most MAX_ROWS, and ``rows`` if given), largest first."""
+    batch = math.prod(chain.batch)
     cands = []
     for r in sorted({d for d in range(1, min(chain.m, MAX_ROWS) + 1) if chain.m % d == 0}
                     | ({rows} if rows else set()), reverse=True):
-        t, l1, l2 = _layouts(chain, r, dev.gpu.warp_size)
-        cands.append((r, t, l1, l2, _smem_bytes(chain, r, row_red, l1, l2),
-                      batch * (chain.m // r)))
-    fitting = [c for c in cands if c[4] <= limit]
-    busy = [c for c in fitting if c[5] >= sms]
-    if rows is not None:
-        chosen = next(c for c in cands if c[0] == rows)
-    elif busy:  # the largest row block (least re-reading of B and D) that fills the SMs
-        chosen = busy[0]
-    else:  # the most thread blocks
-        chosen = fitting[-1] if fitting else cands[-1]
-    rows, t, l1, l2, smem, blocks = chosen
+        t, l1, l2 = _layouts(chain, r, warp)
+        cands.append(_RowBlock(r, t, l1, l2, _smem_bytes(chain, r, chain.row_reduction, l1, l2),
+                               batch * (chain.m // r)))
+    return cands
 
+
+def _choose_row_block(cands: List[_RowBlock], fitting: List[_RowBlock], sms: int,
+                      rows: Optional[int]) -> _RowBlock:
+    """``rows`` if forced; else the largest row block that fits and fills the SMs."""
+    busy = [c for c in fitting if c.blocks >= sms]
+    if rows is not None:
+        return next(c for c in cands if c.rows == rows)
+    if busy:  # the largest row block (least re-reading of B and D) that fills the SMs
+        return busy[0]
+    # the most thread blocks
+    return fitting[-1] if fitting else cands[-1]
+
+
+def _buildable(chain: GemmChain, dev: DeviceModel, limit: int, sms: int,
+               cands: List[_RowBlock], fitting: List[_RowBlock], chosen: _RowBlock
+               ) -> Tuple[bool, List[str]]:
+    """Whether the fused kernel can be built with ``chosen`` (shared memory, dtype, no stages
+    before the first matmul), and the reasons, the thread blocks' count last."""
     why: List[str] = []
     if not fitting:
-        why.append(f"the intermediate's slice (rows x {chain.l} x {e} B) and the operand tiles "
-                   f"do not fit shared memory even for one row: {_fmt(cands[-1][4])} > "
-                   f"{_fmt(limit)} opt-in per block on {dev.name} (l = {chain.l} too long)")
+        why.append(f"the intermediate's slice (rows x {chain.l} x {chain.elem_bytes} B) and the "
+                   f"operand tiles do not fit shared memory even for one row: "
+                   f"{_fmt(cands[-1].smem)} > {_fmt(limit)} opt-in per block on {dev.name} "
+                   f"(l = {chain.l} too long)")
     else:
-        why.append(f"shared memory: the intermediate's slice (rows x {chain.l} x {e} B) and "
-                   f"the operand tiles fit {_fmt(limit)} opt-in per block for at most "
-                   f"{fitting[0][0]} of the {chain.m} rows; {rows} rows take {_fmt(smem)}")
-    fits = smem <= limit and chain.dtype == "float32"
+        why.append(f"shared memory: the intermediate's slice (rows x {chain.l} x "
+                   f"{chain.elem_bytes} B) and the operand tiles fit {_fmt(limit)} opt-in per "
+                   f"block for at most {fitting[0].rows} of the {chain.m} rows; {chosen.rows} "
+                   f"rows take {_fmt(chosen.smem)}")
+    fits = chosen.smem <= limit and chain.dtype == "float32"
     if chain.dtype != "float32":
         why.append(f"dtype {chain.dtype}: the fused CUDA kernel takes float32 only")
     if chain.producers:  # a convolution's padding: the kernel's row blocks have no halo
         fits = False
         why.append(f"stages before the first matmul ({', '.join(chain.producers)}): the fused "
                    "CUDA kernel takes plain (batch) matmuls only")
-    why.append(f"{blocks} thread blocks of {rows} rows on {sms} SMs"
-               + ("" if blocks >= sms else " (too few to fill the SMs)"))
-    tf = traffic(rows, l1, l2)
-    saved = round_trip * (2 if row_red else 1)
-    share = saved / traffic_unfused if traffic_unfused else 0.0
-    why.append(f"traffic into shared memory: fused {_fmt(tf)} (B and D read again by each of "
-               f"the {blocks} row blocks) vs unfused {_fmt(traffic_unfused)}, of which the "
-               f"intermediate's round trip is {_fmt(round_trip)}"
-               + (f" {extra[0]}" if extra else "") + f" ({share:.0%})")
-    fuse = (fits and blocks >= sms and tf < FUSE_THRESHOLD * traffic_unfused
-            and share >= MIN_ROUND_TRIP_SHARE)
-    if fitting and not fuse and fitting[0][0] != rows:
-        big = fitting[0]
-        tb = traffic(big[0], big[2], big[3])
-        if tb >= FUSE_THRESHOLD * traffic_unfused:
-            why.append(f"even the largest row block that fits ({big[0]} rows) moves {_fmt(tb)}: "
-                       f"l = {chain.l} is too long for shared memory to hold a row block that "
-                       "reads B and D few enough times")
-    if fuse:
-        why.append(f"fuse: {1 - tf / traffic_unfused:.0%} less traffic")
-    else:
-        why.append("do not fuse" if fits else "cannot fuse")
-    return CudaChainPlan(fuse, fits, "; ".join(why), rows, t, (l1.ir, l1.jr), (l2.ir, l2.jr),
-                         l1.step, l1.cols, l2.step, l2.cols, row_red, smem, limit, blocks, tf,
-                         traffic_unfused, round_trip)
+    why.append(f"{chosen.blocks} thread blocks of {chosen.rows} rows on {sms} SMs"
+               + ("" if chosen.blocks >= sms else " (too few to fill the SMs)"))
+    return fits, why
+
+
+def _largest_block_note(chain: GemmChain, fused_desc: movement.Chain, big: _RowBlock,
+                        traffic_unfused: int) -> List[str]:
+    """Why not a larger row block: even the largest that fits moves too much."""
+    tb = _fused_traffic(chain, fused_desc, big)
+    if tb >= FUSE_THRESHOLD * traffic_unfused:
+        return [f"even the largest row block that fits ({big.rows} rows) moves {_fmt(tb)}: "
+                f"l = {chain.l} is too long for shared memory to hold a row block that "
+                "reads B and D few enough times"]
+    return []
 
 
 # -- the schedule --------------------------------------------------------------------------------

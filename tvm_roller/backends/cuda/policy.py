@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.traffic import (input_bytes, num_tiles, param_bytes, register_loads,
                                           staged_input_bytes)
-from tvm_roller.backends.cuda import tensorcore as tc
+from tvm_roller.backends.cuda import tensorcore_gemm as tcg
 from tvm_roller.backends.cuda.perf_model import (estimated_registers, predict_streaming,
                                                  predict_tiled)
 from tvm_roller.core.errors import UnsupportedError
@@ -267,7 +267,7 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     """fp16 matmul-like kernels: block tiles of 16x16x16 fragments, warp tiles of 16-64.
 
     An M, N or K that the block tile (K chunk) does not divide is padded up to it (ROLLER's
-    alignment to the execution unit; ``tc.padding_notes`` explains it), and such a
+    alignment to the execution unit; ``tcg.padding_notes`` explains it), and such a
     candidate is predicted with its padded extents, so the micro-model prices the waste when it
     ranks it against the others and the SIMT tiles. Tiles stay within the extents (the padding
     is then less than half the work); 16-wide block and warp tiles, one-warp blocks and a K
@@ -278,7 +278,7 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
     if len(fa.reduction) != 1:
         return []
     try:
-        g = tc.gemm_structure(fa)
+        g = tcg.gemm_structure(fa)
     except UnsupportedError:
         return []
     m, n, k = g.m, g.n, g.k
@@ -316,17 +316,17 @@ def construct_tensorcore(fa: FuncAnalysis, dev: DeviceModel) -> List[RTile]:
         l1[m], l1[n], l1[k] = bm, bn, bk
         reg[m], reg[n], reg[k] = wm, wn, 16
         t = RTile(**_base(fa, "tiled"), reg=reg, l1=l1, l2=list(l1), vector_lanes=8,
-                  threads=warps * dev.gpu.warp_size, stages=stages, tensor_core=tc.WMMA)
+                  threads=warps * dev.gpu.warp_size, stages=stages, tensor_core=tcg.WMMA)
         try:
-            tc.validate_tile(fa, t, dev, gemm=g)
+            tcg.validate_tile(fa, t, dev, gemm=g)
         except UnsupportedError:
             continue  # not a valid tensor-core tile for this shape: not a candidate
-        t.notes.extend(tc.padding_notes(fa, t, g))
-        t.smem_bytes = tc.smem_bytes(fa, t, g)
+        t.notes.extend(tcg.padding_notes(fa, t, g))
+        t.smem_bytes = tcg.smem_bytes(fa, t, g)
         if t.smem_bytes > cap:
             continue
         sched = list(l1)
-        sched[k] = tc.pad_unit(g, t, k)
+        sched[k] = tcg.pad_unit(g, t, k)
         whole = " (all of K, padded)" if sched[k] != bk else ""
         t.notes.insert(0, f"tensor cores: block {bm}x{bn}x{sched[k]}{whole}, warp {wm}x{wn} in "
                           f"16x16x16 fragments, {stages}-stage pipeline")

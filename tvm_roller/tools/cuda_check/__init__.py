@@ -7,6 +7,9 @@ bundles a lent GPU machine runs without TVM. Not imported by the library (``tvm_
 * ``replica``    ``cpu_replica``: the same schedule as a CPU program LLVM builds.
 * ``gpu_check``  the device check (``python/gpu_check.py`` is its command line): ``build``
                  writes bundles here, ``run`` times them on the GPU machine with CuPy/PyTorch.
+                 Its parts: ``gpu_manifest`` (the bundle directory), ``gpu_bundles`` (build),
+                 ``gpu_launch``, ``gpu_reference``, ``gpu_timing``, ``gpu_micro``,
+                 ``gpu_measure`` and ``gpu_report`` (run).
 
 The names below are re-exported lazily, on first use: ``gpu_check``'s run half must import with
 neither TVM nor the rest of tvm_roller (``build`` and ``replica`` import TVM).

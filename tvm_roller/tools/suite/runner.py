@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
@@ -154,50 +155,59 @@ def _default_schedule() -> ScheduleFn:
     return tvm_roller.schedule
 
 
-def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: ScheduleFn,
-                 repeat: int = 5, min_repeat_ms: int = 100, peers: bool = True,
-                 seed: int = 0, default_budget_s: float = DEFAULT_BUDGET_S) -> Dict[str, Any]:
-    """One row of the suite (see ``run_suite`` for the keys)."""
+@dataclass(frozen=True)
+class _Case:
+    """One workload as its steps (roller, then each peer) share it."""
+    cls: str
+    idx: int
+    func: Any  # the workload's PrimFunc
+    target: "tvm.target.Target"
+    dev: Any  # the TVM device of ``target``
+    inputs: List[np.ndarray]
+    out_spec: Tuple[Tuple[int, ...], str]
+    ref: np.ndarray  # the float64 reference output
+    repeat: int
+    min_repeat_ms: int
+
+
+def _new_record(cls: str, idx: int, func: Any, target: "tvm.target.Target") -> Dict[str, Any]:
+    """A row with every key and nothing measured yet."""
+    rec: Dict[str, Any] = {
+        "workload": workloads.workload_name(cls, idx), "class": cls, "idx": idx, "ok": False,
+        "error": None, "construct_s": None, "build_s": None, "latency_s": None,
+        "max_rel_err": None, "torch_s": None, "numpy_s": None, "tvm_default_s": None,
+        "ms_tuned_s": None, "ms_tune_s": None, "ms_ok": None, "ms_database": None, "notes": [],
+    }
+    rec.update(flops=workloads.flop_count(func), bytes=workloads.bytes_moved(func),
+               memory_bound=workloads.is_memory_bound(cls), target=str(target),
+               rtol=references.tolerance(cls, idx), load_avg=_load_avg())
+    return rec
+
+
+def _time_roller(rec: Dict[str, Any], case: _Case, schedule: ScheduleFn) -> None:
+    """roller's schedule (construct_s), build (build_s), one checked run and its latency; a
+    failure is recorded with the stage it happened in."""
     import tvm
 
-    name = workloads.workload_name(cls, idx)
-    rec: Dict[str, Any] = {
-        "workload": name, "class": cls, "idx": idx, "ok": False, "error": None,
-        "construct_s": None, "build_s": None, "latency_s": None, "max_rel_err": None,
-        "torch_s": None, "numpy_s": None, "tvm_default_s": None, "ms_tuned_s": None,
-        "ms_tune_s": None, "ms_ok": None, "ms_database": None, "notes": [],
-    }
-    func = workloads.create(cls, idx)
-    flops, nbytes = workloads.flop_count(func), workloads.bytes_moved(func)
-    mem = workloads.is_memory_bound(cls)
-    rec.update(flops=flops, bytes=nbytes, memory_bound=mem, target=str(target),
-               rtol=references.tolerance(cls, idx), load_avg=_load_avg())
-    inputs = workloads.random_inputs(func, seed)
-    out_spec = workloads.output_spec(func)
-    ref = references.reference(cls, idx, inputs)
-    dev = _device(target)
-    notes: List[str] = rec["notes"]
-
-    # -- roller -----------------------------------------------------------------------------
     stage = "schedule"
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.perf_counter()
-            sch = schedule(func, target)
+            sch = schedule(case.func, case.target)
             rec["construct_s"] = time.perf_counter() - t0
-        notes.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        rec["notes"].extend(f"{w.category.__name__}: {w.message}" for w in caught)
         stage = "build"
         t0 = time.perf_counter()
-        ex = tvm.compile(sch.mod, target)
+        ex = tvm.compile(sch.mod, case.target)
         rec["build_s"] = time.perf_counter() - t0
         stage = "run"
-        args, out = _run_tvm(ex, dev, inputs, out_spec)
-        ok, err = references.compare(out, ref, rec["rtol"])
+        args, out = _run_tvm(ex, case.dev, case.inputs, case.out_spec)
+        ok, err = references.compare(out, case.ref, rec["rtol"])
         rec["max_rel_err"] = err if math.isfinite(err) else None
         stage = "time"
         _settle()
-        rec["latency_s"] = _time_tvm(ex, dev, args, repeat, min_repeat_ms)
+        rec["latency_s"] = _time_tvm(ex, case.dev, args, case.repeat, case.min_repeat_ms)
         rec["ok"] = ok
         if not ok:
             rec["error"] = f"wrong result: max rel err {err:.3g} > {rec['rtol']:.1g}"
@@ -205,48 +215,61 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
         rec["error"] = f"{stage}: {_err(e)}"
     lat = rec["latency_s"]
     if lat:
-        rec["gflops"] = flops / lat / 1e9
-        rec["gbps"] = nbytes / lat / 1e9
+        rec["gflops"] = rec["flops"] / lat / 1e9
+        rec["gbps"] = rec["bytes"] / lat / 1e9
 
-    if not peers:
-        return rec
 
-    # -- PyTorch / numpy --------------------------------------------------------------------
-    if target.kind.name == "llvm":
-        try:
-            peer = references.torch_peer(cls, idx, inputs, num_threads=_num_cores(target))
+def _time_python_peers(rec: Dict[str, Any], case: _Case) -> None:
+    """PyTorch and numpy (CPU targets only)."""
+    notes: List[str] = rec["notes"]
+    if case.target.kind.name != "llvm":
+        notes.append(f"torch/numpy peers: CPU only, target is {case.target.kind.name}")
+        return
+    cls, idx, inputs = case.cls, case.idx, case.inputs
+    try:
+        peer = references.torch_peer(cls, idx, inputs, num_threads=_num_cores(case.target))
+        _settle()
+        rec["torch_s"] = time_callable(peer.fn, case.repeat, case.min_repeat_ms)
+    except WORKLOAD_ERRORS as e:
+        notes.append(f"torch: {_err(e)}")
+    try:
+        npeer = references.numpy_peer(cls, idx, inputs)
+        if npeer is not None:
             _settle()
-            rec["torch_s"] = time_callable(peer.fn, repeat, min_repeat_ms)
-        except WORKLOAD_ERRORS as e:
-            notes.append(f"torch: {_err(e)}")
-        try:
-            npeer = references.numpy_peer(cls, idx, inputs)
-            if npeer is not None:
-                _settle()
-                rec["numpy_s"] = time_callable(npeer.fn, repeat, min_repeat_ms)
-        except WORKLOAD_ERRORS as e:
-            notes.append(f"numpy: {_err(e)}")
-    else:
-        notes.append(f"torch/numpy peers: CPU only, target is {target.kind.name}")
+            rec["numpy_s"] = time_callable(npeer.fn, case.repeat, case.min_repeat_ms)
+    except WORKLOAD_ERRORS as e:
+        notes.append(f"numpy: {_err(e)}")
 
-    # -- TVM's unscheduled build ------------------------------------------------------------
+
+def _time_tvm_default(rec: Dict[str, Any], case: _Case, default_budget_s: float) -> None:
+    """TVM's unscheduled build (CPU targets only; skipped when one run would exceed the
+    budget)."""
+    import tvm
+
+    notes: List[str] = rec["notes"]
+    flops = rec["flops"]
     est = flops / (NAIVE_GFLOPS * 1e9)
-    if target.kind.name != "llvm":
+    if case.target.kind.name != "llvm":
         notes.append("tvm-default: unscheduled TIR needs thread bindings on GPU; skipped")
     elif est > default_budget_s:
         notes.append(f"tvm-default skipped: ~{est:.0f} s per run estimated "
                      f"({flops / 1e9:.1f} GFLOP at ~{NAIVE_GFLOPS} GFLOP/s)")
     else:
         try:
-            ex_d = tvm.compile(tvm.IRModule({"main": func}), target)
-            args_d, _ = _run_tvm(ex_d, dev, inputs, out_spec)
+            ex_d = tvm.compile(tvm.IRModule({"main": case.func}), case.target)
+            args_d, _ = _run_tvm(ex_d, case.dev, case.inputs, case.out_spec)
             # One run: these are slow (up to ~1 s) and stable.
             _settle()
-            rec["tvm_default_s"] = _time_tvm(ex_d, dev, args_d, repeat=1, min_repeat_ms=0)
+            rec["tvm_default_s"] = _time_tvm(ex_d, case.dev, args_d, repeat=1, min_repeat_ms=0)
         except WORKLOAD_ERRORS as e:
             notes.append(f"tvm-default: {_err(e)}")
 
-    # -- MetaSchedule-tuned record ----------------------------------------------------------
+
+def _time_ms_tuned(rec: Dict[str, Any], case: _Case) -> None:
+    """The MetaSchedule-tuned record, where the baseline database has one."""
+    import tvm
+
+    cls, idx, target = case.cls, case.idx, case.target
     reason = baselines.skip_reason(target)
     if reason is None:
         try:
@@ -257,14 +280,34 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
             if ms_sch is not None:
                 rec["ms_tune_s"] = baselines.tune_seconds(cls, idx, ms_dir)
                 ex_m = tvm.compile(ms_sch.mod, target)
-                args_m, out_m = _run_tvm(ex_m, dev, inputs, out_spec)
-                rec["ms_ok"] = references.compare(out_m, ref, rec["rtol"])[0]
+                args_m, out_m = _run_tvm(ex_m, case.dev, case.inputs, case.out_spec)
+                rec["ms_ok"] = references.compare(out_m, case.ref, rec["rtol"])[0]
                 _settle()
-                rec["ms_tuned_s"] = _time_tvm(ex_m, dev, args_m, repeat, min_repeat_ms)
+                rec["ms_tuned_s"] = _time_tvm(ex_m, case.dev, args_m, case.repeat,
+                                              case.min_repeat_ms)
         except WORKLOAD_ERRORS as e:
-            notes.append(f"ms-tuned: {_err(e)}")
+            rec["notes"].append(f"ms-tuned: {_err(e)}")
     elif idx == 1:  # only shape 1 has records: say why once per class
-        notes.append(f"ms-tuned skipped: {reason}")
+        rec["notes"].append(f"ms-tuned skipped: {reason}")
+
+
+def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: ScheduleFn,
+                 repeat: int = 5, min_repeat_ms: int = 100, peers: bool = True,
+                 seed: int = 0, default_budget_s: float = DEFAULT_BUDGET_S) -> Dict[str, Any]:
+    """One row of the suite (see ``run_suite`` for the keys)."""
+    func = workloads.create(cls, idx)
+    rec = _new_record(cls, idx, func, target)
+    inputs = workloads.random_inputs(func, seed)
+    out_spec = workloads.output_spec(func)
+    ref = references.reference(cls, idx, inputs)
+    case = _Case(cls, idx, func, target, _device(target), inputs, out_spec, ref, repeat,
+                 min_repeat_ms)
+    _time_roller(rec, case, schedule)
+    if not peers:
+        return rec
+    _time_python_peers(rec, case)
+    _time_tvm_default(rec, case, default_budget_s)
+    _time_ms_tuned(rec, case)
     return rec
 
 

@@ -7,7 +7,7 @@ from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import TiledOpRule
-from tvm_roller.backends.cuda import lower, policy, tensorcore
+from tvm_roller.backends.cuda import lower, policy, tensorcore_gemm
 from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
@@ -17,7 +17,7 @@ class TiledRule(TiledOpRule):
     def matches(self, fa: FuncAnalysis) -> bool:
         return policy.gpu_kind(fa) == "tiled"
 
-    def tile_limit(self, extent: int) -> int:
+    def tile_limit(self, extent: int, reg: int) -> int:
         return policy.tile_limit(extent)
 
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
@@ -30,7 +30,7 @@ class TiledRule(TiledOpRule):
                               f"{tile.threads} threads)")
         if tile.tensor_core:
             try:
-                tensorcore.validate_tile(fa, tile, dev)
+                tensorcore_gemm.validate_tile(fa, tile, dev)
             except UnsupportedError as err:
                 raise InvalidTile(str(err)) from err
 
