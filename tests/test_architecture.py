@@ -81,3 +81,149 @@ def test_one_registry_line_per_backend():
                                                   "nvidia/nvidia-h100"))
         assert isinstance(b, Backend) and b.rules, kind
         assert len({r.name for r in b.rules}) == len(b.rules), "rule names are unique"
+
+
+# -- the layers ------------------------------------------------------------------------------------
+def _main_layers() -> list:
+    """The package's layers, top first, as .importlinter's main contract lists them."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / ".importlinter")
+    lines = cfg["importlinter:contract:layers"]["layers"].strip().splitlines()
+    return [[name.strip() for name in line.split("|")] for line in lines]
+
+
+_IMPORT_LAYER = r'''
+import importlib, pkgutil, sys
+blocked = tuple("tvm_roller." + n for n in sys.argv[2].split(",") if n)
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            raise ImportError(f"{name} is a layer above the one imported")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+for layer in sys.argv[1].split(","):
+    mod = importlib.import_module("tvm_roller." + layer)
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
+        importlib.import_module(info.name)
+'''
+
+
+def test_each_layer_imports_without_the_layers_above_it():
+    """Importing a layer (every module of it) never needs a layer above it: run bottom up in
+    one fresh process, each layer with every layer above it made unimportable."""
+    layers = _main_layers()
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent),
+           "TVM_ROLLER_CALIBRATE": "0", "HOME": str(Path.home())}
+    for i in range(len(layers) - 1, -1, -1):
+        above = [name for group in layers[:i] for name in group]
+        res = subprocess.run([sys.executable, "-c", _IMPORT_LAYER, ",".join(layers[i]),
+                              ",".join(above)], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, f"layer {layers[i]}:\n{res.stderr[-3000:]}"
+
+
+# -- one front door --------------------------------------------------------------------------------
+def _tiny_model():
+    import torch
+
+    from tvm_roller.integrations.pytorch import import_torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(),
+                                torch.nn.Linear(40, 8)).eval()
+    return import_torch(model, torch.randn(5, 24))
+
+
+def test_one_target_normalisation_per_relax_compile(monkeypatch, tmp_path):
+    """The target is normalised once, at the edge, however many functions a model has."""
+    import tvm_roller
+    from tvm_roller.hardware import target as hw_target
+
+    calls = []
+    real = hw_target._complete
+
+    def counting(target):
+        calls.append(target)
+        return real(target)
+
+    monkeypatch.setattr(hw_target, "_complete", counting)
+    mod = _tiny_model()
+    report: list = []
+    tvm_roller.relax.compile(mod, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2},
+                             report, cache=False)
+    assert len(report) >= 2 and len(calls) == 1, calls
+    monkeypatch.setenv("TVM_ROLLER_CACHE", str(tmp_path))
+    for _ in range(2):  # a compile, then a load from the module cache
+        calls.clear()
+        tvm_roller.relax.compile(mod, "llvm", [])
+        assert len(calls) == 1, calls
+
+
+def _declined_func():
+    from tvm import te
+
+    A = te.placeholder((16,), "float32", name="A")
+    idx = te.placeholder((8,), "int32", name="idx")
+    k = te.reduce_axis((0, 8), "k")
+    return te.create_prim_func([A, idx, te.compute((1,), lambda i: te.sum(A[idx[k]], axis=k),
+                                                   name="S")])
+
+
+def test_every_integration_goes_through_the_one_fallback_path(monkeypatch):
+    """build(fallback=True), the dlight rule and the Relax pipeline all decide a decline or an
+    error in ``planner.scheduling``'s one fallback function."""
+    import tvm
+    import warnings
+
+    import tvm_roller
+    from tvm_roller.planner import scheduling as planner_scheduling
+
+    target = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+    seen = []
+    real = planner_scheduling._fallback
+
+    def spy(name, func, ctx, options, check, fallback, reason, err):
+        seen.append((name, fallback))
+        return real(name, func, ctx, options, check, fallback, reason, err)
+
+    monkeypatch.setattr(planner_scheduling, "_fallback", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tvm_roller.build(_declined_func(), target, fallback=True)
+        assert seen == [("main", "decline")]
+        rule = tvm_roller.dlight.Roller()
+        assert rule.apply(_declined_func().with_attr("global_symbol", "g"),
+                          tvm.target.Target(target), False) is None
+        assert seen[-1] == ("g", "decline") and "gather" in rule.declined["g"]
+
+        def failing(func, ctx):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(planner_scheduling, "plan_and_lower", failing)
+        report: list = []
+        tvm_roller.relax.compile(_tiny_model(), target, report, cache=False)
+    errors = {e["name"] for e in report if e["fallback"] == "error"}
+    assert errors and errors <= {n for n, kind in seen[2:] if kind == "error"}
+
+
+def test_the_parts_recursion_is_written_once():
+    """Only ``planner.plan.plan_prepared`` recurses over a decomposed function's parts (the
+    schedule cache, the buckets and the lowering go through it)."""
+    recursive = []
+    for path, _, _, tree in _modules():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for node in ast.walk(fn):
+                loops = node.generators if isinstance(node, (ast.ListComp, ast.GeneratorExp)) \
+                    else [node] if isinstance(node, ast.For) else []
+                over_parts = any(isinstance(g.iter, ast.Attribute) and g.iter.attr == "parts"
+                                 for g in loops)
+                calls_self = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                                 and c.func.id == fn.name for c in ast.walk(node))
+                if over_parts and calls_self:
+                    recursive.append(f"{path.relative_to(PKG).as_posix()}:{fn.name}")
+    assert sorted(set(recursive)) == ["planner/plan.py:plan_prepared"], recursive

@@ -349,7 +349,8 @@ def test_fresh_plans_pass_the_tile_check():
     X = te.placeholder((2, 9, 11, 5), "float32", name="X")
     Wt = te.placeholder((3, 3, 5, 7), "float32", name="W")
     E = te.placeholder((33, 17), "float32", name="E")
-    funcs = [_gemm()[0], _rowsum()[0], _gemm(1, 7, 13)[0],
+    # (_gemm(37, 24, 40): the vector axis padded from 24 to a register tile of 32 lanes)
+    funcs = [_gemm()[0], _rowsum()[0], _gemm(1, 7, 13)[0], _gemm(37, 24, 40)[0],
              te.create_prim_func([X, Wt, topi.nn.conv2d_nhwc(X, Wt, 1, 1, 1,
                                                              out_dtype="float32")]),
              te.create_prim_func([E, te.compute(E.shape, lambda i, j: E[i, j] * 2.0)])]
@@ -510,3 +511,42 @@ def test_cuda_cached_tile_that_does_not_fit_is_replanned(tmp_path):
     with pytest.warns(CacheWarning, match="does not fit"):
         got = cached_schedule(func, target, device=dev, cache=cache)
     assert not got.from_cache and _tiles_json(got.plan.tiles) == _tiles_json(fresh.plan.tiles)
+
+
+# -- functions with symbolic extents ----------------------------------------------------------------
+def test_symbolic_function_hits_the_cache_on_its_second_compile(tmp_path):
+    """Each bucket's tiles are stored under the bucket; a second compile of the function reads
+    every bucket back (no policy run) and builds the same dispatching kernel."""
+    from tvm_roller.planner import schedule_function
+
+    h = _h()
+    n = te.var("n", "int64")
+    A = te.placeholder((n, 40), "float32", name="A")
+    B = te.placeholder((40, 24), "float32", name="B")
+    r = te.reduce_axis((0, 40), "k")
+    func = te.create_prim_func([A, B, te.compute((n, 24), lambda i, j: te.sum(
+        A[i, r] * B[r, j], axis=r), name="C")])
+    kernels = []
+    for compile_no in range(2):
+        cache = ScheduleCache(tmp_path)
+        ctx = Context.make(h.TARGET, h.device(), cache)
+        res = schedule_function(func, ctx, options=dynamic_options({"n": (1, 64)}))
+        assert res.error is None and res.entry.buckets
+        if compile_no == 0:
+            assert not res.entry.cached and cache.stats()["writes"] > 0
+            writes = cache.stats()["writes"]
+        else:
+            assert res.entry.cached and cache.stats()["writes"] == 0
+            assert cache.stats()["hits"] >= writes
+        kernels.append(res.kernel)
+    assert tvm_ffi.structural_equal(kernels[0], kernels[1])
+    for size in (1, 13, 64, 97):  # the last kernel also takes larger values
+        a, b = h.rand((size, 40), seed=size), h.rand((40, 24), seed=1)
+        out = h.run(res.executable, [a, b], (size, 24), "float32")
+        h.assert_close(out, a.astype(np.float64) @ b.astype(np.float64), h.F32_TOL)
+
+
+def dynamic_options(bounds):
+    from tvm_roller.planner import ScheduleOptions
+
+    return ScheduleOptions(bounds=bounds)

@@ -15,7 +15,7 @@ import tvm_roller
 import tvm_roller.relax as rr
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.planner import Context, schedule_function
-from tvm_roller.planner import schedule as planner_schedule
+from tvm_roller.planner import scheduling as planner_scheduling
 from tvm_roller.integrations.pytorch import import_torch
 
 from conftest import rel_err
@@ -75,7 +75,7 @@ def _block_names(func) -> str:
 
 def _inject(monkeypatch, when):
     """Make roller's scheduling of the functions ``when(func)`` selects raise a plain error."""
-    real = planner_schedule.plan_and_lower
+    real = planner_scheduling.plan_and_lower
     hit = []
 
     def failing(func, *args):
@@ -84,7 +84,7 @@ def _inject(monkeypatch, when):
             raise RuntimeError("injected failure")
         return real(func, *args)
 
-    monkeypatch.setattr(planner_schedule, "plan_and_lower", failing)
+    monkeypatch.setattr(planner_scheduling, "plan_and_lower", failing)
     return hit
 
 

@@ -72,7 +72,7 @@ def test_shipped_database_is_package_data(isolated):
 def test_packaging_lists_the_data():
     setup = (REPO_ROOT / "setup.py").read_text(encoding="utf-8")
     assert "package_data" in setup and "data/*/*.json" in setup and "data/*/*.jsonl" in setup
-    assert "tvm_roller/suite/data" in (REPO_ROOT / "MANIFEST.in").read_text(encoding="utf-8")
+    assert "tvm_roller/tools/suite/data" in (REPO_ROOT / "MANIFEST.in").read_text(encoding="utf-8")
 
 
 def test_shipped_schedule_builds_and_is_correct(isolated):

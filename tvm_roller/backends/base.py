@@ -79,8 +79,9 @@ class TiledOpRule(OpRule):
     def tile_kind(self, fa: FuncAnalysis) -> str:
         return "tiled"
 
-    def tile_limit(self, extent: int) -> int:
-        """The largest tile along a spatial axis of ``extent`` (larger ones are predicated)."""
+    def tile_limit(self, extent: int, reg: int) -> int:
+        """The largest tile along a spatial axis of ``extent`` with register tile ``reg`` (a
+        larger one is predicated or padded by the lowering)."""
         return extent
 
     def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
@@ -90,7 +91,7 @@ class TiledOpRule(OpRule):
         if tile.acc_level not in ("reg", "task"):
             raise InvalidTile(f"tile acc_level {tile.acc_level!r}")
         for i, a in enumerate(fa.axes):
-            limit = self.tile_limit(a.extent)
+            limit = self.tile_limit(a.extent, tile.reg[i])
             if a.kind == "S" and not tile.reg[i] <= tile.l1[i] <= tile.l2[i] <= limit:
                 raise InvalidTile(f"axis {a.name}: tiles reg {tile.reg[i]} <= l1 {tile.l1[i]} "
                                   f"<= l2 {tile.l2[i]} <= {limit} (extent {a.extent}) do not "

@@ -146,7 +146,7 @@ def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _nan_passes(x, xc * _horner(_ERF_P, s) / _horner(_ERF_Q, s))
 
 
-erf_expr = erf  # the name relax_passes.fast_math has always used
+erf_expr = erf  # the name the Relax fast-math legalization has always used
 
 
 # -- the rewrite ------------------------------------------------------------------------------------

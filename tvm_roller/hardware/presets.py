@@ -17,7 +17,9 @@ GPU presets are meant to go into the same registry (``register_preset``); none a
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+import functools
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
 
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.model import CpuTraits, DeviceModel, MemoryLevel
@@ -60,92 +62,90 @@ def cpu_peak_gflops(cores: int, ghz: float, fma_units: float, simd_bytes: int,
     return {dt: round(cores * ghz * fma_units * 2 * (simd_bytes // sizes[dt]), 3) for dt in dtypes}
 
 
+@dataclass(frozen=True)
+class _CpuFigures:
+    """A reference CPU's sourced figures (see each preset's comment). Levels L1 and L2 are
+    (capacity, bytes/cycle per core, efficiency); L3 the same per core, summed over the cores;
+    DRAM (capacity, sustained GB/s for the chip)."""
+
+    name: str
+    isa: str
+    cores: int
+    ghz: float
+    fma: int
+    simd: int
+    vregs: int
+    l1: Tuple[int, float, float]
+    l2: Tuple[int, float, float]
+    l3: Tuple[int, float, float]
+    dram: Tuple[int, float]
+    dtypes: Tuple[str, ...]
+    dram_gbs_single_core: float
+
+
 def _bw(bytes_per_cycle: float, ghz: float, efficiency: float, cores: int = 1) -> float:
     return round(bytes_per_cycle * ghz * efficiency * cores, 3)
 
 
-def _cpu(key: str, name: str, isa: str, cores: int, ghz: float, fma: int, simd: int,
-         vregs: int, levels: List[MemoryLevel], dtypes: List[str],
-         dram_gbs_single_core: float) -> DeviceModel:
-    """A CPU preset from its sourced figures (see each preset's comment)."""
+def _cpu(key: str) -> DeviceModel:
+    """The CPU preset ``key`` from its figures."""
+    f = _CPU_FIGURES[key]
+    (c1, b1, e1), (c2, b2, e2), (c3, b3, e3) = f.l1, f.l2, f.l3
+    levels = [MemoryLevel("L1", c1, 64, _bw(b1, f.ghz, e1)),
+              MemoryLevel("L2", c2, 64, _bw(b2, f.ghz, e2)),
+              MemoryLevel("L3", c3, 64, _bw(b3, f.ghz, e3, f.cores), shared=True),
+              MemoryLevel("DRAM", f.dram[0], 64, round(f.dram[1], 3), shared=True)]
     return DeviceModel(
-        name=name, kind="cpu", num_units=cores, simd_bytes=simd, num_vector_registers=vregs,
-        levels=levels, peak_gflops=cpu_peak_gflops(cores, ghz, fma, simd, dtypes),
-        frequency_ghz=ghz, isa=isa, source=f"preset:{key}",
-        cpu=CpuTraits(fma_units=float(fma), dram_gbs_single_core=dram_gbs_single_core),
+        name=f.name, kind="cpu", num_units=f.cores, simd_bytes=f.simd,
+        num_vector_registers=f.vregs, levels=levels,
+        peak_gflops=cpu_peak_gflops(f.cores, f.ghz, f.fma, f.simd, list(f.dtypes)),
+        frequency_ghz=f.ghz, isa=f.isa, source=f"preset:{key}",
+        cpu=CpuTraits(fma_units=float(f.fma), dram_gbs_single_core=f.dram_gbs_single_core),
     )
 
 
-# --------------------------------------------------------------------------------------------
-# x86-avx2: AMD Ryzen 7 3700X (Zen 2), a typical 8-core desktop.
-#   AMD product page: 8 cores, base 3.6 GHz (boost 4.4), L2 4 MB total (512 KiB/core),
-#   L3 32 MB (2 CCX x 16 MiB), dual-channel DDR4-3200.
-#   Zen 2 core (AMD Hot Chips 31; WikiChip "Zen 2"; Agner Fog microarchitecture guide):
-#   L1d 32 KiB 8-way, 64 B lines; 2 x 256-bit FMA pipes; 2 x 32 B loads/cycle from L1d;
-#   L2 -> L1 32 B/cycle; L3 -> L2 32 B/cycle per core; 16 ymm registers (AVX2).
-#   DRAM: 2 channels x 8 B x 3200 MT/s = 51.2 GB/s peak; ~80 % sustained (STREAM-like).
-#   One core alone reaches ~20 GB/s (bounded by outstanding L1/L2 misses, Little's law).
-# --------------------------------------------------------------------------------------------
-def _x86_avx2() -> DeviceModel:
-    cores, ghz, fma, simd = 8, 3.6, 2, 32
-    return _cpu("x86-avx2", "x86-avx2 (AMD Ryzen 7 3700X / Zen 2, 8 cores)", "avx2",
-                cores, ghz, fma, simd, 16, [
-                    MemoryLevel("L1", 32 * KiB, 64, _bw(64, ghz, 0.9)),
-                    MemoryLevel("L2", 512 * KiB, 64, _bw(32, ghz, 0.8)),
-                    # sustained L3 is well below the 32 B/cycle/core fabric peak under all-core load
-                    MemoryLevel("L3", 32 * MiB, 64, _bw(32, ghz, 0.5, cores), shared=True),
-                    MemoryLevel("DRAM", 32 * GiB, 64, round(51.2 * 0.8, 3), shared=True),
-                ],
-                # AVX2 has no fp16 arithmetic (F16C converts only), so no float16 peak
-                ["float32", "float64"], dram_gbs_single_core=20.0)
+_CPU_FIGURES: Dict[str, _CpuFigures] = {
+    # x86-avx2: AMD Ryzen 7 3700X (Zen 2), a typical 8-core desktop.
+    #   AMD product page: 8 cores, base 3.6 GHz (boost 4.4), L2 4 MB total (512 KiB/core),
+    #   L3 32 MB (2 CCX x 16 MiB), dual-channel DDR4-3200.
+    #   Zen 2 core (AMD Hot Chips 31; WikiChip "Zen 2"; Agner Fog microarchitecture guide):
+    #   L1d 32 KiB 8-way, 64 B lines; 2 x 256-bit FMA pipes; 2 x 32 B loads/cycle from L1d;
+    #   L2 -> L1 32 B/cycle; L3 -> L2 32 B/cycle per core; 16 ymm registers (AVX2).
+    #   DRAM: 2 channels x 8 B x 3200 MT/s = 51.2 GB/s peak; ~80 % sustained (STREAM-like).
+    #   One core alone reaches ~20 GB/s (bounded by outstanding L1/L2 misses, Little's law).
+    #   Sustained L3 is well below the 32 B/cycle/core fabric peak under all-core load (0.5).
+    #   AVX2 has no fp16 arithmetic (F16C converts only), so no float16 peak.
+    "x86-avx2": _CpuFigures(
+        "x86-avx2 (AMD Ryzen 7 3700X / Zen 2, 8 cores)", "avx2", 8, 3.6, 2, 32, 16,
+        (32 * KiB, 64, 0.9), (512 * KiB, 32, 0.8), (32 * MiB, 32, 0.5), (32 * GiB, 51.2 * 0.8),
+        ("float32", "float64"), 20.0),
+    # x86-avx512: Intel Xeon Gold 6248 (Cascade Lake-SP), a typical server socket.
+    #   Intel ARK: 20 cores, base 2.5 GHz, 27.5 MB L3 (1.375 MiB/core, non-inclusive, mesh),
+    #   6 channels DDR4-2933. Core (Intel 64 and IA-32 Optimization Reference Manual,
+    #   Skylake-SP): L1d 32 KiB, 64 B lines, 2 x 64 B loads/cycle; L2 1 MiB/core, 64 B/cycle
+    #   peak to L1; 2 AVX-512 FMA units (ports 0+1 fused and port 5) on Gold 6xxx / Platinum;
+    #   32 zmm registers. Heavy AVX-512 code runs below the nominal base clock (AVX-512
+    #   frequency licence), so the peak here is an upper bound. DRAM: 6 x 8 B x 2933 MT/s =
+    #   140.8 GB/s peak, ~75 % sustained (STREAM on one socket ~100-110 GB/s). One Skylake-SP
+    #   core reaches only ~12 GB/s of DRAM. L3 on the mesh sustains ~12 B/cycle per core under
+    #   all-core load. Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids).
+    "x86-avx512": _CpuFigures(
+        "x86-avx512 (Intel Xeon Gold 6248 / Cascade Lake-SP, 20 cores)", "avx512", 20, 2.5, 2,
+        64, 32, (32 * KiB, 128, 0.9), (1 * MiB, 64, 0.6), (int(27.5 * MiB), 12, 1.0),
+        (192 * GiB, 140.8 * 0.75), ("float32", "float64"), 12.0),
+    # arm-neon: AWS Graviton2 (Arm Neoverse N1), 64 cores.
+    #   AWS: 64 cores at 2.5 GHz, 8 x DDR4-3200; Arm Neoverse N1 TRM / Software Optimization
+    #   Guide: L1d 64 KiB, L2 1 MiB private per core, 64 B lines; 32 MiB shared system-level
+    #   cache (CMN-600); 2 x 128-bit ASIMD/FP pipes, both FMA-capable; 2 x 16 B loads/cycle;
+    #   32 v-registers; Armv8.2 FP16 arithmetic (8 fp16 lanes per 128-bit FMA).
+    #   DRAM: 8 x 8 B x 3200 MT/s = 204.8 GB/s peak, ~75 % sustained (STREAM ~150 GB/s);
+    #   one N1 core reaches ~18 GB/s. The L2 -> L1 path is bounded by the 32 B/cycle load
+    #   ports; the SLC over the mesh sustains ~6 B/cycle per core under all-core load.
+    "arm-neon": _CpuFigures(
+        "arm-neon (AWS Graviton2 / Neoverse N1, 64 cores)", "neon", 64, 2.5, 2, 16, 32,
+        (64 * KiB, 32, 0.9), (1 * MiB, 32, 0.7), (32 * MiB, 6, 1.0), (256 * GiB, 204.8 * 0.75),
+        ("float32", "float64", "float16"), 18.0),
+}
 
-
-# --------------------------------------------------------------------------------------------
-# x86-avx512: Intel Xeon Gold 6248 (Cascade Lake-SP), a typical server socket.
-#   Intel ARK: 20 cores, base 2.5 GHz, 27.5 MB L3 (1.375 MiB/core, non-inclusive, mesh),
-#   6 channels DDR4-2933. Core (Intel 64 and IA-32 Optimization Reference Manual, Skylake-SP):
-#   L1d 32 KiB, 64 B lines, 2 x 64 B loads/cycle; L2 1 MiB/core, 64 B/cycle peak to L1;
-#   2 AVX-512 FMA units (ports 0+1 fused and port 5) on Gold 6xxx / Platinum; 32 zmm registers.
-#   Heavy AVX-512 code runs below the nominal base clock (AVX-512 frequency licence), so the
-#   peak here is an upper bound. DRAM: 6 x 8 B x 2933 MT/s = 140.8 GB/s peak, ~75 % sustained
-#   (STREAM on one socket ~100-110 GB/s). One Skylake-SP core reaches only ~12 GB/s of DRAM.
-#   L3 on the mesh sustains ~12 B/cycle per core under all-core load.
-# --------------------------------------------------------------------------------------------
-def _x86_avx512() -> DeviceModel:
-    cores, ghz, fma, simd = 20, 2.5, 2, 64
-    return _cpu("x86-avx512", "x86-avx512 (Intel Xeon Gold 6248 / Cascade Lake-SP, 20 cores)",
-                "avx512", cores, ghz, fma, simd, 32, [
-                    MemoryLevel("L1", 32 * KiB, 64, _bw(128, ghz, 0.9)),
-                    MemoryLevel("L2", 1 * MiB, 64, _bw(64, ghz, 0.6)),
-                    MemoryLevel("L3", int(27.5 * MiB), 64, _bw(12, ghz, 1.0, cores), shared=True),
-                    MemoryLevel("DRAM", 192 * GiB, 64, round(140.8 * 0.75, 3), shared=True),
-                ],
-                # Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids)
-                ["float32", "float64"], dram_gbs_single_core=12.0)
-
-
-# --------------------------------------------------------------------------------------------
-# arm-neon: AWS Graviton2 (Arm Neoverse N1), 64 cores.
-#   AWS: 64 cores at 2.5 GHz, 8 x DDR4-3200; Arm Neoverse N1 TRM / Software Optimization Guide:
-#   L1d 64 KiB, L2 1 MiB private per core, 64 B lines; 32 MiB shared system-level cache (CMN-600);
-#   2 x 128-bit ASIMD/FP pipes, both FMA-capable; 2 x 16 B loads/cycle; 32 v-registers;
-#   Armv8.2 FP16 arithmetic (8 fp16 lanes per 128-bit FMA).
-#   DRAM: 8 x 8 B x 3200 MT/s = 204.8 GB/s peak, ~75 % sustained (STREAM ~150 GB/s);
-#   one N1 core reaches ~18 GB/s. The L2 -> L1 path is bounded by the 32 B/cycle load ports;
-#   the SLC over the mesh sustains ~6 B/cycle per core under all-core load.
-# --------------------------------------------------------------------------------------------
-def _arm_neon() -> DeviceModel:
-    cores, ghz, fma, simd = 64, 2.5, 2, 16
-    return _cpu("arm-neon", "arm-neon (AWS Graviton2 / Neoverse N1, 64 cores)", "neon",
-                cores, ghz, fma, simd, 32, [
-                    MemoryLevel("L1", 64 * KiB, 64, _bw(32, ghz, 0.9)),
-                    MemoryLevel("L2", 1 * MiB, 64, _bw(32, ghz, 0.7)),
-                    MemoryLevel("L3", 32 * MiB, 64, _bw(6, ghz, 1.0, cores), shared=True),
-                    MemoryLevel("DRAM", 256 * GiB, 64, round(204.8 * 0.75, 3), shared=True),
-                ],
-                ["float32", "float64", "float16"], dram_gbs_single_core=18.0)
-
-
-register_preset("x86-avx2", _x86_avx2)
-register_preset("x86-avx512", _x86_avx512)
-register_preset("arm-neon", _arm_neon)
+for _key in _CPU_FIGURES:
+    register_preset(_key, functools.partial(_cpu, _key))

@@ -19,7 +19,12 @@ from tvm.target import Target
 
 from tvm_roller.core.errors import FallbackWarning, UnsupportedError
 from tvm_roller.hardware import DeviceModel
-from tvm_roller.planner import Context, schedule_function
+from tvm_roller.planner import Context, ScheduleOptions, schedule_function
+
+
+# dlight hands over functions without their Relax module, so shape variables come without
+# bounds: a function with symbolic extents is declined (the Relax pipeline buckets them)
+_NO_BUCKETS = ScheduleOptions(symbolic=False)
 
 
 class Roller(s_tir.dlight.ScheduleRule):
@@ -38,7 +43,7 @@ class Roller(s_tir.dlight.ScheduleRule):
             ctx = self._context(target)
         except UnsupportedError as err:  # no backend for the target, a device it cannot use
             return self._declined(name, str(err))
-        res = schedule_function(func, ctx, name, check=False)
+        res = schedule_function(func, ctx, name, _NO_BUCKETS, check=False)
         if res.error is None:
             return s_tir.Schedule(res.kernel)
         if res.kernel is None:

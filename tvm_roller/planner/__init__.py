@@ -14,7 +14,7 @@ from tvm_roller.planner.lower import Lowered, PlannedSchedule, apply, lower, pla
 from tvm_roller.planner.plan import Plan, plan_prepared
 from tvm_roller.planner.prepare import Prepared, prepare
 from tvm_roller.planner.report import FuncReport, summarise
-from tvm_roller.planner.schedule import (ScheduleOptions, Scheduled, default_schedule,
+from tvm_roller.planner.scheduling import (ScheduleOptions, Scheduled, default_schedule,
                                          is_scheduled, schedule_function)
 
 __all__ = ["Context", "prepare", "Prepared", "plan_prepared", "Plan", "lower", "apply", "Lowered",

@@ -26,7 +26,7 @@ from tvm_roller.planner.explain import explain_dynamic, explain_plan
 from tvm_roller.planner.lower import apply
 from tvm_roller.planner.plan import Plan, plan_prepared
 from tvm_roller.planner.prepare import prepare
-from tvm_roller.planner.schedule import ScheduleOptions, Scheduled, default_schedule, \
+from tvm_roller.planner.scheduling import ScheduleOptions, Scheduled, default_schedule, \
     schedule_function
 
 Buckets = Optional[Mapping[str, Sequence[int]]]

@@ -30,15 +30,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-import tvm
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis import symbolic
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.analysis.schedule import block_names, plain_splits
 from tvm_roller.core.errors import UnsupportedError, first_lines
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.planner.context import Context
+from tvm_roller.planner.context import Context, InContext
 from tvm_roller.planner.lower import lower
 from tvm_roller.planner.plan import Plan, plan_prepared
 from tvm_roller.planner.prepare import prepare
@@ -82,7 +80,7 @@ class Case:
 
 
 @dataclass(frozen=True)
-class DynamicPlan:
+class DynamicPlan(InContext):
     """What roller constructed for a function with symbolic extents. Immutable."""
 
     func: tirx.PrimFunc  # the symbolic function, as given
@@ -92,14 +90,6 @@ class DynamicPlan:
     ctx: Context
     notes: Tuple[str, ...] = ()
     construct_s: float = 0.0
-
-    @property
-    def target(self) -> tvm.target.Target:
-        return self.ctx.target
-
-    @property
-    def device(self) -> DeviceModel:
-        return self.ctx.device
 
     @property
     def kind(self) -> str:

@@ -59,3 +59,22 @@ class Context:
     def pass_context(self) -> tvm.transform.PassContext:
         """The PassContext roller's kernels for this target are compiled under."""
         return tvm.transform.PassContext(opt_level=3, config=dict(self.backend.pass_config))
+
+
+class InContext:
+    """What is planned in a :class:`Context` (a plan, a bucketed plan): its target, device model
+    and backend, read from ``ctx``."""
+
+    ctx: Context
+
+    @property
+    def target(self) -> tvm.target.Target:
+        return self.ctx.target
+
+    @property
+    def device(self) -> DeviceModel:
+        return self.ctx.device
+
+    @property
+    def backend(self) -> Backend:
+        return self.ctx.backend

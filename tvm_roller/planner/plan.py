@@ -18,24 +18,21 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import tvm
-
 from tvm_roller.analysis import FuncAnalysis
-from tvm_roller.backends.base import Backend, OpRule
+from tvm_roller.backends.base import OpRule
 from tvm_roller.cache.schedules import EntryKey
 from tvm_roller.core.errors import CacheWarning, InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.fusion.chain import GemmChain, detect_chain
 from tvm_roller.fusion.decision import ChainDecision
-from tvm_roller.hardware import DeviceModel
-from tvm_roller.planner.context import Context
+from tvm_roller.planner.context import Context, InContext
 from tvm_roller.planner.prepare import Decomposed, Prepared
 
 logger = logging.getLogger("tvm_roller")
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(InContext):
     """What roller constructed for one function: the analysis, the ranked rTiles, the context,
     and for a chain of two matmuls its fusion decision. Immutable."""
 
@@ -55,18 +52,6 @@ class Plan:
     # their best tile
     parts: Tuple["Plan", ...] = ()
     decomposed: Optional[Decomposed] = None
-
-    @property
-    def target(self) -> tvm.target.Target:
-        return self.ctx.target
-
-    @property
-    def device(self) -> DeviceModel:
-        return self.ctx.device
-
-    @property
-    def backend(self) -> Backend:
-        return self.ctx.backend
 
     @property
     def predicted_s(self) -> float:

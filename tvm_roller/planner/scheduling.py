@@ -33,10 +33,13 @@ logger = logging.getLogger("tvm_roller")
 @dataclass(frozen=True)
 class ScheduleOptions:
     """How a function with symbolic extents is bucketed: the shape variables' bounds (name ->
-    (lower, upper)) and the user's bucket ends (name -> sizes; None: powers of two)."""
+    (lower, upper)) and the user's bucket ends (name -> sizes; None: powers of two).
+    ``symbolic=False``: such a function goes the static way and is declined there (the dlight
+    rule, which knows no bounds for its shape variables)."""
 
     bounds: Optional[dict] = None
     buckets: Optional[dict] = None
+    symbolic: bool = True
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptio
             ) -> Tuple[tirx.PrimFunc, FuncReport]:
     """The kernel: one per bucket dispatched at run time for symbolic extents, else the best
     tile's schedule (both planned through the context's cache)."""
-    if symbolic.is_symbolic(func):
+    if options.symbolic and symbolic.is_symbolic(func):
         dp = plan_dynamic(func, ctx, bounds=options.bounds, buckets=options.buckets)
         top = dp.cases[-1].plan.tiles[0]
         return lower_dynamic(dp), FuncReport(name, "roller", dp.kind, top.to_dict(),

@@ -1,4 +1,5 @@
-"""``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``.
+"""``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``, ``compile-model``,
+``costcheck``.
 
 Heavy imports (tvm, torch, roller itself) happen inside the subcommands so ``--help`` is instant.
 """
@@ -21,6 +22,9 @@ def _target(s: Optional[str]) -> Any:
 
 
 def _cmd_suite(args: argparse.Namespace) -> int:
+    """Construct, build, check and time every workload of TVM's te_workload suite (13 classes x
+    4 shapes) and compare with PyTorch, numpy, TVM's unscheduled build and the shared
+    MetaSchedule-tuned records. Exit status 1 if any workload failed or was wrong."""
     from tvm_roller.tools.suite import workloads
     from tvm_roller.tools.suite.runner import run_suite
 
@@ -61,6 +65,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile_model(args: argparse.Namespace) -> int:
+    """Import MODULE, call FACTORY() for an nn.Module, export it with torch.export, compile it
+    with roller's Relax pipeline, check it against PyTorch on random input and print compile
+    time, latency vs PyTorch and TVM's default build, and the per-function report. Exit status
+    1 if the error exceeds --tol."""
     import json
 
     from tvm_roller.tools.compile_model import (compile_model, default_input_shape, format_result,
@@ -87,6 +95,11 @@ def _cmd_compile_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_costcheck(args: argparse.Namespace) -> int:
+    """Measure roller's top-k and random valid rTiles of suite workloads, compare the analytical
+    model's and a by-workload cross-validated XGBoost model's predictions with the measured
+    latencies, and write OUT/report.json (per workload: op, n_candidates, spearman/kendall of
+    model and XGBoost, top1_regret; summary: median_spearman_model, median_spearman_xgb,
+    top1_within10_frac), OUT/dataset.json and the plots."""
     import json
     import os
 
@@ -124,6 +137,11 @@ def _cmd_costcheck(args: argparse.Namespace) -> int:
     return 0
 
 
+def _described(cmd) -> str:
+    """A subcommand's description: its function's docstring, as one paragraph."""
+    return " ".join(cmd.__doc__.split())
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="tvm-roller",
@@ -133,11 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
-                       description="Construct, build, check and time every workload of TVM's "
-                                   "te_workload suite (13 classes x 4 shapes) and compare with "
-                                   "PyTorch, numpy, TVM's unscheduled build and the shared "
-                                   "MetaSchedule-tuned records. Exit status 1 if any workload "
-                                   "failed or was wrong.")
+                       description=_described(_cmd_suite))
     s.add_argument("--ops", default=None,
                    help="comma-separated CLASS or CLASS:INDEX, e.g. 'GMM,C2D:1' (default: all 52)")
     s.add_argument("--target", default=None, help=_TARGET_HELP)
@@ -159,11 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=_cmd_explain)
 
     m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
-                       description="Import MODULE, call FACTORY() for an nn.Module, export it with "
-                                   "torch.export, compile it with roller's Relax pipeline, check "
-                                   "it against PyTorch on random input and print compile time, "
-                                   "latency vs PyTorch and TVM's default build, and the per-"
-                                   "function report. Exit status 1 if the error exceeds --tol.")
+                       description=_described(_cmd_compile_model))
     m.add_argument("model", help="MODULE:FACTORY, e.g. tvm_roller.tools.examples.models:bert_layer")
     m.add_argument("--input-shape", default=None,
                    help="comma-separated input shape, e.g. 1,128,768 (default: the module's "
@@ -177,14 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=_cmd_compile_model)
 
     k = sub.add_parser("costcheck", help="check the micro-model's ranking against measurements",
-                       description="Measure roller's top-k and random valid rTiles of suite "
-                                   "workloads, compare the analytical model's and a by-workload "
-                                   "cross-validated XGBoost model's predictions with the measured "
-                                   "latencies, and write OUT/report.json (per workload: op, "
-                                   "n_candidates, spearman/kendall of model and XGBoost, "
-                                   "top1_regret; summary: median_spearman_model, "
-                                   "median_spearman_xgb, top1_within10_frac), OUT/dataset.json "
-                                   "and the plots.")
+                       description=_described(_cmd_costcheck))
     k.add_argument("--ops", default=None, help="CLASS or CLASS:INDEX list, e.g. GMM:0,C2D:2")
     k.add_argument("--out", required=True, help="output directory")
     k.add_argument("--target", default=None, help=_TARGET_HELP)

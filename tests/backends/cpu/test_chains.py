@@ -272,7 +272,7 @@ def test_chain_whose_operators_cannot_be_predicted_is_kept_apart(monkeypatch):
     from tvm_roller.backends.registry import backend_for
     from tvm_roller.core.errors import UnsupportedError
 
-    rule = backend_for(normalize_target(TARGET)).chain_rule
+    rule = backend_for(tvm_roller.hardware.normalize_target(TARGET)).chain_rule
 
     def refuse(fa, dev):
         raise UnsupportedError("no rule for this operator (test)")
@@ -297,7 +297,7 @@ def test_relax_chain_whose_plan_fails_is_kept_apart_and_reported(monkeypatch):
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.tools.examples import models
 
-    rule = backend_for(normalize_target(TARGET)).chain_rule
+    rule = backend_for(tvm_roller.hardware.normalize_target(TARGET)).chain_rule
 
     def broken(chain, dev, stage_kinds=None):
         raise RuntimeError("injected chain failure")

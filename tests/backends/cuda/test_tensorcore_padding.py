@@ -1,6 +1,6 @@
 """Padded tensor-core kernels: M, N and K that the block tile (K chunk) does not divide.
 
-``tensorcore.padded_extents`` is the padding a tile implies (``padding_notes`` explains it),
+``tensorcore_gemm.padded_extents`` is the padding a tile implies (``padding_notes`` explains it),
 ``validate_tile`` keeps the tile within the extents, and ``apply_tensorcore`` pads the main block
 (``pad_einsum``: zero-filled operand tiles, a predicated epilogue store). Checked without a GPU:
 
@@ -27,8 +27,10 @@ from tvm import te
 import tvm_roller
 from tvm_roller import hardware
 from tvm_roller.analysis import unwrap_func
-from tvm_roller.planner import plan, plan_prepared, prepare
+from tvm_roller.planner import Context, plan, plan_prepared, prepare
 from tvm_roller.backends.cuda import tensorcore as tc
+from tvm_roller.backends.cuda import tensorcore_gemm as tcg
+from tvm_roller.backends.cuda import tensorcore_pipeline as tcp
 from tvm_roller.backends.registry import backend_for
 from tvm_roller.hardware import normalize_target
 from tvm_roller.core.errors import UnsupportedError
@@ -93,7 +95,7 @@ def reference(arrays, trans_a, trans_b, epi, cast_producer=False):
     return acc
 
 
-def make_tile(fa, l1, reg, stages=2, shape=tc.WMMA):
+def make_tile(fa, l1, reg, stages=2, shape=tcg.WMMA):
     """A tensor-core RTile (``l1`` block tile, ``reg`` warp tile)."""
     warps = 1
     for i, a in enumerate(fa.axes):
@@ -164,17 +166,17 @@ def run_emulated(src, grid, block, smem, arrays, out_name, out_shape, out_dtype,
 
 
 def _grid(fa, tile):
-    g = tc.gemm_structure(fa)
+    g = tcg.gemm_structure(fa)
     ext = [a.extent for a in fa.axes]
     batch = int(np.prod([ext[b] for b in g.batch])) if g.batch else 1
     return (-(-ext[g.n] // tile.l1[g.n]), -(-ext[g.m] // tile.l1[g.m]), batch)
 
 
 def check_numerics(func, fa, tile, sch, ref_of, workdir, arch_target="nvidia/nvidia-a100"):
-    src = tc.build(sch.mod, tile, tvm.target.Target(arch_target)).mod.imports[0] \
+    src = tcp.build(sch.mod, tile, tvm.target.Target(arch_target)).mod.imports[0] \
         .inspect_source()
     arrays, out_name, out_shape, out_dtype = random_inputs(func)
-    got = run_emulated(src, _grid(fa, tile), (32, tile.threads // 32, 1), tc.smem_bytes(fa, tile),
+    got = run_emulated(src, _grid(fa, tile), (32, tile.threads // 32, 1), tcg.smem_bytes(fa, tile),
                        arrays, out_name, out_shape, out_dtype, workdir)
     ref = ref_of(arrays)
     err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
@@ -186,34 +188,34 @@ def check_numerics(func, fa, tile, sch, ref_of, workdir, arch_target="nvidia/nvi
 def test_padding_follows_from_the_tile():
     fa = CUDA.analyze(gemm(0, 197, 211, 97))
     t = make_tile(fa, [64, 64, 32], [32, 32, 16])
-    tc.validate_tile(fa, t, H100)
-    assert tc.padded_extents(fa, t) == {0: 256, 1: 256, 2: 128}
-    assert tc.padding_notes(fa, t) == [
+    tcg.validate_tile(fa, t, H100)
+    assert tcg.padded_extents(fa, t) == {0: 256, 1: 256, 2: 128}
+    assert tcg.padding_notes(fa, t) == [
         "tensor cores: M (axis v_i0) padded 197 -> 256 (waste 23.0%)",
         "tensor cores: N (axis v_i1) padded 211 -> 256 (waste 17.6%)",
         "tensor cores: K (axis v_k) padded 97 -> 128 (waste 24.2%)"]
     # through JSON (schedule caches) the tile stays valid; a smaller K chunk pads less
-    tc.validate_tile(fa, RTile.from_json(t.to_json()), H100)
+    tcg.validate_tile(fa, RTile.from_json(t.to_json()), H100)
     t.l1[2] = t.l2[2] = 16
-    assert tc.padded_extents(fa, t)[2] == 112
+    assert tcg.padded_extents(fa, t)[2] == 112
     aligned = CUDA.analyze(gemm(0, 128, 128, 64))
     t2 = make_tile(aligned, [64, 64, 32], [32, 32, 16])
-    assert tc.padded_extents(aligned, t2) == {} and tc.padding_notes(aligned, t2) == []
+    assert tcg.padded_extents(aligned, t2) == {} and tcg.padding_notes(aligned, t2) == []
 
 
 def test_padding_must_stay_below_half_the_work():
     fa = CUDA.analyze(gemm(0, 17, 40, 23))
     t = make_tile(fa, [32, 32, 16], [16, 16, 16])  # a 32-row block for 17 rows
     with pytest.raises(UnsupportedError, match="larger than v_i0 = 17"):
-        tc.validate_tile(fa, t, H100)
+        tcg.validate_tile(fa, t, H100)
 
 
 def test_copy_and_store_vectors():
-    assert [tc.copy_lanes(r) for r in (16, 40, 36, 34, 23, 1024)] == [8, 8, 4, 2, 1, 8]
-    assert [tc.store_lanes(n) for n in (16, 36, 34, 23)] == [4, 4, 2, 1]
+    assert [tcg.copy_lanes(r) for r in (16, 40, 36, 34, 23, 1024)] == [8, 8, 4, 2, 1, 8]
+    assert [tcg.store_lanes(n) for n in (16, 36, 34, 23)] == [4, 4, 2, 1]
     # odd rows: scalar copies; the tile must then be whole multiples of the threads
     fa = CUDA.analyze(gemm(0, 64, 63, 23))
-    tc.validate_tile(fa, make_tile(fa, [32, 32, 16], [16, 16, 16]), H100)
+    tcg.validate_tile(fa, make_tile(fa, [32, 32, 16], [16, 16, 16]), H100)
 
 
 def test_planned_padding_is_explained_and_survives_the_cache():
@@ -222,7 +224,8 @@ def test_planned_padding_is_explained_and_survives_the_cache():
     func = gemm(0, 45, 29, 56)
     t = plan(func, H100_TARGET).tiles[0]
     assert t.tensor_core and any("padded" in n for n in t.notes)
-    again = plan_prepared(prepare(func, H100_TARGET), tiles=[RTile.from_json(t.to_json())])
+    again = plan_prepared(prepare(func, Context.make(H100_TARGET)),
+                          tiles=[RTile.from_json(t.to_json())])
     assert again.tiles[0] == t
 
 
@@ -230,32 +233,32 @@ def test_planned_padding_is_explained_and_survives_the_cache():
 # name: (batch, M, N, K, trans_b, epi, l1 (M, N, K), warp tile (M, N), stages, flavour, extra)
 EMU_CASES = {
     # odd rows everywhere: scalar guarded copies, no cp.async, 1 warp
-    "wmma-17x19x23": (0, 17, 19, 23, False, "cast", (16, 16, 16), (16, 16), 2, tc.WMMA, {}),
-    "mma-17x19x23-3stage": (0, 17, 19, 23, False, "cast", (16, 16, 16), (16, 16), 3, tc.MMA, {}),
+    "wmma-17x19x23": (0, 17, 19, 23, False, "cast", (16, 16, 16), (16, 16), 2, tcg.WMMA, {}),
+    "mma-17x19x23-3stage": (0, 17, 19, 23, False, "cast", (16, 16, 16), (16, 16), 3, tcg.MMA, {}),
     # batch 3, rows of 40 and 24 halves: 16-byte predicated cp.async, M, N and K padded
-    "wmma-batch3": (3, 33, 24, 40, False, "cast", (32, 16, 32), (16, 16), 2, tc.WMMA, {}),
+    "wmma-batch3": (3, 33, 24, 40, False, "cast", (32, 16, 32), (16, 16), 2, tcg.WMMA, {}),
     # B[N, K] with K padded inside a row of 40: each 8-half vector wholly in or out of bounds
-    "wmma-nt-bias-relu": (0, 37, 40, 40, True, "bias_relu", (32, 32, 32), (16, 16), 2, tc.WMMA,
+    "wmma-nt-bias-relu": (0, 37, 40, 40, True, "bias_relu", (32, 32, 32), (16, 16), 2, tcg.WMMA,
                           {}),
-    "mma-nt-f32-odd-n": (0, 45, 29, 56, True, "f32", (32, 16, 32), (16, 16), 2, tc.MMA, {}),
+    "mma-nt-f32-odd-n": (0, 45, 29, 56, True, "f32", (32, 16, 32), (16, 16), 2, tcg.MMA, {}),
     "mma-batch2-bias-relu": (2, 50, 72, 56, False, "bias_relu", (32, 64, 32), (32, 32), 2,
-                             tc.MMA, {}),
+                             tcg.MMA, {}),
     # A[K, M] (wmma only) with rows of 29: scalar copies, one stage
-    "wmma-tn-f32": (0, 29, 31, 45, False, "f32", (16, 16, 16), (16, 16), 1, tc.WMMA,
+    "wmma-tn-f32": (0, 29, 31, 45, False, "f32", (16, 16, 16), (16, 16), 1, tcg.WMMA,
                     {"trans_a": True}),
     # rows of 36 and 34 halves: 8- and 4-byte predicated cp.async
     "wmma-36x34-short-vectors": (0, 20, 36, 34, False, "cast", (16, 32, 32), (16, 16), 2,
-                                 tc.WMMA, {}),
+                                 tcg.WMMA, {}),
     # an fp32 producer cast into the A copy (float4 loads), K padded
-    "wmma-cast-producer": (0, 40, 32, 44, False, "cast", (32, 32, 32), (16, 16), 2, tc.WMMA,
+    "wmma-cast-producer": (0, 40, 32, 44, False, "cast", (32, 32, 32), (16, 16), 2, tcg.WMMA,
                            {"cast_producer": True}),
     # the K chunk all of K (23, 27: one chunk, padded to 32), pipelined over one step
-    "wmma-whole-k-3stage": (0, 33, 19, 23, False, "cast", (32, 16, 23), (16, 16), 3, tc.WMMA,
+    "wmma-whole-k-3stage": (0, 33, 19, 23, False, "cast", (32, 16, 23), (16, 16), 3, tcg.WMMA,
                             {}),
-    "mma-whole-k-nt": (2, 20, 24, 27, True, "bias_relu", (16, 16, 27), (16, 16), 2, tc.MMA, {}),
+    "mma-whole-k-nt": (2, 20, 24, 27, True, "bias_relu", (16, 16, 27), (16, 16), 2, tcg.MMA, {}),
     # only K padded (no crop: the unpadded epilogue path) and only M padded
-    "mma-k-only": (0, 32, 32, 40, False, "cast", (32, 32, 16), (32, 16), 3, tc.MMA, {}),
-    "wmma-m-only": (0, 40, 32, 32, False, "bias_relu", (32, 32, 32), (16, 16), 2, tc.WMMA, {}),
+    "mma-k-only": (0, 32, 32, 40, False, "cast", (32, 32, 16), (32, 16), 3, tcg.MMA, {}),
+    "wmma-m-only": (0, 40, 32, 32, False, "bias_relu", (32, 32, 32), (16, 16), 2, tcg.WMMA, {}),
 }
 
 
@@ -269,21 +272,21 @@ def test_emulated_padded_kernels(name, tmp_path):
     batch, M, N, K, trans_b, epi, (bm, bn, bk), (wm, wn), stages, flavour, kw = EMU_CASES[name]
     func = gemm(batch, M, N, K, trans_b, epi, **kw)
     fa = CUDA.analyze(func)
-    g = tc.gemm_structure(fa)
+    g = tcg.gemm_structure(fa)
     l1, reg = [1] * len(fa.axes), [1] * len(fa.axes)
     l1[g.m], l1[g.n], l1[g.k] = bm, bn, bk
     reg[g.m], reg[g.n], reg[g.k] = wm, wn, 16
     tile = make_tile(fa, l1, reg, stages=stages, shape=flavour)
-    assert tc.padded_extents(fa, tile), "the case pads nothing"
-    tc.validate_tile(fa, tile, H100)
+    assert tcg.padded_extents(fa, tile), "the case pads nothing"
+    tcg.validate_tile(fa, tile, H100)
     sch = tc.apply_tensorcore(func, fa, tile)
-    assert verify_gpu_code(tc.lower_device_kernel(sch.mod, tile, "nvidia/nvidia-a100"),
+    assert verify_gpu_code(tcp.lower_device_kernel(sch.mod, tile, "nvidia/nvidia-a100"),
                            gpu.verify_constraints(hardware.preset("a100")))
     src = check_numerics(func, fa, tile, sch,
                          lambda a: reference(a, kw.get("trans_a", False), trans_b, epi,
                                              kw.get("cast_producer", False)),
                          str(tmp_path))
-    lanes = min(tc.copy_lanes(g.a_row), tc.copy_lanes(g.b_row))
+    lanes = min(tcg.copy_lanes(g.a_row), tcg.copy_lanes(g.b_row))
     assert ("cp.async" in src) == (stages >= 2 and lanes >= 2)
     if "cp.async" in src and (M % bm or N % bn or K % bk):
         assert "@p cp.async" in src  # zero-filled where out of bounds
@@ -299,7 +302,7 @@ def test_emulator_catches_padding_bugs(tmp_path):
     fa = CUDA.analyze(func)
     tile = make_tile(fa, [bm, bn, bk], [wm, wn, 16], stages=stages, shape=flavour)
     sch = tc.apply_tensorcore(func, fa, tile)
-    src = tc.build(sch.mod, tile, tvm.target.Target("nvidia/nvidia-a100")).mod.imports[0] \
+    src = tcp.build(sch.mod, tile, tvm.target.Target("nvidia/nvidia-a100")).mod.imports[0] \
         .inspect_source()
     arrays, out_name, out_shape, out_dtype = random_inputs(func)
     # the epilogue (after the last fragment store): its bounds checks made always true
@@ -311,7 +314,7 @@ def test_emulator_catches_padding_bugs(tmp_path):
         lines[i] = "  if (1) {"
     unguarded = "\n".join(lines) + "\n"
     run = dict(grid=_grid(fa, tile), block=(32, tile.threads // 32, 1),
-               smem=tc.smem_bytes(fa, tile), arrays=arrays, out_name=out_name,
+               smem=tcg.smem_bytes(fa, tile), arrays=arrays, out_name=out_name,
                out_shape=out_shape, out_dtype=out_dtype)
     ref = reference(arrays, False, trans_b, epi)
     got = run_emulated(src, workdir=str(tmp_path / "ok"), **run)
@@ -379,7 +382,7 @@ def test_nvcc_planned_padded(case):
 def test_aligned_shapes_pad_nothing():
     for shape in [(0, 1024, 1024, 1024), (0, 128, 3072, 768), (8, 512, 512, 512)]:
         p, t = _planned(gemm(*shape))
-        assert not tc.padded_extents(p.analysis, t) and not any("padded" in n for n in t.notes)
+        assert not tcg.padded_extents(p.analysis, t) and not any("padded" in n for n in t.notes)
 
 
 # -- random shapes ---------------------------------------------------------------------------------

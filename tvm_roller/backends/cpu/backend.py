@@ -9,10 +9,8 @@ from tvm import tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import Backend
+from tvm_roller.backends.cpu.rules import RULES
 from tvm_roller.backends.cpu.rules.chain import CpuChainRule
-from tvm_roller.backends.cpu.rules.conv import ConvRule
-from tvm_roller.backends.cpu.rules.streaming import StreamingRule
-from tvm_roller.backends.cpu.rules.tiled import TiledRule
 from tvm_roller.backends.vector_math import rewrite_vector_math, vector_math_pass
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.calibrate import device_model as measured_device_model
@@ -34,8 +32,7 @@ class CpuBackend(Backend):
     tuning_kind = "llvm"
 
     def __init__(self) -> None:
-        # a convolution is tiled too: its rule comes first
-        rules = (ConvRule(), TiledRule(), StreamingRule())
+        rules = tuple(rule() for rule in RULES)
         super().__init__(rules, CpuChainRule(rules))
 
     def analyze(self, func) -> FuncAnalysis:

@@ -52,8 +52,13 @@ def einsum_like(fa: FuncAnalysis) -> bool:
 
 def padded_extents(fa: FuncAnalysis, reg: Sequence[int]) -> List[int]:
     """Each axis rounded up to a multiple of the register tile (reduction axes unchanged)."""
-    return [ceil_div(a.extent, r) * r if a.kind == "S" else a.extent
+    return [padded_extents_of(a.extent, r) if a.kind == "S" else a.extent
             for a, r in zip(fa.axes, reg)]
+
+
+def padded_extents_of(extent: int, reg: int) -> int:
+    """A spatial axis of ``extent`` rounded up to a multiple of its register tile ``reg``."""
+    return ceil_div(extent, reg) * reg
 
 
 def _divisor_step(padded: int, unit: int, at_most: int) -> int:

@@ -6,9 +6,8 @@ import types
 import tvm
 
 from tvm_roller.backends.base import Backend
+from tvm_roller.backends.cuda.rules import RULES
 from tvm_roller.backends.cuda.rules.chain import CudaChainRule
-from tvm_roller.backends.cuda.rules.streaming import StreamingRule
-from tvm_roller.backends.cuda.rules.tiled import TiledRule
 from tvm_roller.hardware import gpu
 from tvm_roller.hardware.model import DeviceModel
 
@@ -28,7 +27,7 @@ class CudaBackend(Backend):
                           "and allocates no symbolic-size scratch on the device")
 
     def __init__(self) -> None:
-        super().__init__((TiledRule(), StreamingRule()), CudaChainRule())
+        super().__init__(tuple(rule() for rule in RULES), CudaChainRule())
 
     def device_model(self, target: tvm.target.Target) -> DeviceModel:
         return gpu.from_target(target)

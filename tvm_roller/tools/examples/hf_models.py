@@ -7,7 +7,7 @@ which is what ``torch.export`` -> Relax -> ``tvm_roller.relax.compile`` handles 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -64,6 +64,17 @@ def _eval(model: nn.Module) -> nn.Module:
     return model
 
 
+def _config(cls, size: str, small: dict, full: Optional[dict] = None,
+            attention: bool = True):
+    """An architecture's config, seeded: ``full`` (default: the real model's sizes) or
+    ``small``; eager attention (the one that exports)."""
+    torch.manual_seed(0)
+    cfg = cls(**(full or {})) if size == "full" else cls(**small)
+    if attention:
+        cfg._attn_implementation = "eager"
+    return cfg
+
+
 def _tokens(vocab: int, seq: int) -> torch.Tensor:
     return torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(0))
 
@@ -71,11 +82,9 @@ def _tokens(vocab: int, seq: int) -> torch.Tensor:
 def bert(size: str = "small", seq: int = 128, mask: bool = True):
     from transformers import BertConfig, BertModel
 
-    torch.manual_seed(0)
-    cfg = BertConfig() if size == "full" else BertConfig(
+    cfg = _config(BertConfig, size, dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        vocab_size=1000, max_position_embeddings=256)
-    cfg._attn_implementation = "eager"
+        vocab_size=1000, max_position_embeddings=256))
     model = BertModel(cfg, add_pooling_layer=False)
     wrapped = _WithMask(model) if mask else _LastHidden(model, "input_ids")
     return _eval(wrapped), _tokens(cfg.vocab_size, seq)
@@ -84,10 +93,8 @@ def bert(size: str = "small", seq: int = 128, mask: bool = True):
 def gpt2(size: str = "small", seq: int = 128):
     from transformers import GPT2Config, GPT2Model
 
-    torch.manual_seed(0)
-    cfg = GPT2Config() if size == "full" else GPT2Config(
-        n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=256)
-    cfg._attn_implementation = "eager"
+    cfg = _config(GPT2Config, size, dict(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
+                                         n_positions=256))
     cfg.use_cache = False  # no key/value cache: its empty tensors do not export
     return _eval(_LastHidden(GPT2Model(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
 
@@ -97,12 +104,10 @@ def llama(size: str = "small", seq: int = 128):
     "small" is hidden 768 in 2 layers (what the tests build), "full" 12 layers."""
     from transformers import LlamaConfig, LlamaModel
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_attention_heads=12,
-                      num_key_value_heads=12, num_hidden_layers=12 if size == "full" else 2,
-                      vocab_size=32000 if size == "full" else 1000,
-                      max_position_embeddings=2048)
-    cfg._attn_implementation = "eager"
+    common = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12,
+                  num_key_value_heads=12, max_position_embeddings=2048)
+    cfg = _config(LlamaConfig, size, dict(common, num_hidden_layers=2, vocab_size=1000),
+                  dict(common, num_hidden_layers=12, vocab_size=32000))
     cfg.use_cache = False
     return _eval(_LastHidden(LlamaModel(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
 
@@ -110,11 +115,9 @@ def llama(size: str = "small", seq: int = 128):
 def vit(size: str = "small"):
     from transformers import ViTConfig, ViTModel
 
-    torch.manual_seed(0)
-    cfg = ViTConfig() if size == "full" else ViTConfig(
+    cfg = _config(ViTConfig, size, dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        image_size=64, patch_size=8)
-    cfg._attn_implementation = "eager"
+        image_size=64, patch_size=8))
     model = ViTModel(cfg, add_pooling_layer=False)
     x = torch.randn(1, 3, cfg.image_size, cfg.image_size)
     return _eval(_LastHidden(model, "pixel_values")), x
@@ -123,10 +126,9 @@ def vit(size: str = "small"):
 def resnet(size: str = "small"):
     from transformers import ResNetConfig, ResNetModel
 
-    torch.manual_seed(0)
-    cfg = ResNetConfig() if size == "full" else ResNetConfig(
+    cfg = _config(ResNetConfig, size, dict(
         embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-        layer_type="bottleneck")
+        layer_type="bottleneck"), attention=False)
     image = 224 if size == "full" else 64
     return _eval(_LastHidden(ResNetModel(cfg), "pixel_values")), torch.randn(1, 3, image, image)
 
@@ -134,9 +136,8 @@ def resnet(size: str = "small"):
 def mobilenet_v2(size: str = "small"):
     from transformers import MobileNetV2Config, MobileNetV2Model
 
-    torch.manual_seed(0)
-    cfg = MobileNetV2Config() if size == "full" else MobileNetV2Config(
-        depth_multiplier=0.35, image_size=64)
+    cfg = _config(MobileNetV2Config, size, dict(depth_multiplier=0.35, image_size=64),
+                  attention=False)
     image = 224 if size == "full" else 64
     model = MobileNetV2Model(cfg, add_pooling_layer=False)
     return _eval(_LastHidden(model, "pixel_values")), torch.randn(1, 3, image, image)
@@ -146,19 +147,17 @@ def whisper_encoder(size: str = "small"):
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    torch.manual_seed(0)
-    cfg = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6,
-                        encoder_ffn_dim=1536, num_mel_bins=80, max_source_positions=1500) \
-        if size == "full" else WhisperConfig(
-            d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
-            num_mel_bins=16, max_source_positions=50)
-    cfg._attn_implementation = "eager"
+    cfg = _config(WhisperConfig, size, dict(
+        d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+        num_mel_bins=16, max_source_positions=50), dict(
+        d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536,
+        num_mel_bins=80, max_source_positions=1500))
     frames = 2 * cfg.max_source_positions
     x = torch.randn(1, cfg.num_mel_bins, frames)
     return _eval(_LastHidden(WhisperEncoder(cfg), "input_features")), x
 
 
 MODELS: Dict[str, Callable[..., Tuple[nn.Module, torch.Tensor]]] = {
-    "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet, "mobilenet_v2": mobilenet_v2,
-    "whisper_encoder": whisper_encoder,
+    "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet,
+    "mobilenet_v2": mobilenet_v2, "whisper_encoder": whisper_encoder,
 }

@@ -9,7 +9,7 @@ found wins (``candidates``):
 2. the database re-tuned on this machine by ``python/tune_baselines.py`` for the suite's target
    (``"retuned"``): ``<cache_dir()>/baselines/metaschedule-llvm-<mcpu>-<N>c``, i.e.
    ``~/.cache/tvm-roller/baselines/...`` or under ``$TVM_ROLLER_CACHE``;
-3. the records shipped in the package (``"shipped"``, ``tvm_roller/suite/data/``), tuned with 192
+3. the records shipped in the package (``"shipped"``, ``tvm_roller/tools/suite/data/``), tuned with 192
    trials on a 2-core AVX-512 machine (Zen 4) for ``{"kind": "llvm", "mcpu": "skylake-avx512",
    "num-cores": 2}``;
 4. ``shared/baselines`` beside the repository or the working directory (``"shared"``, the old place).

@@ -16,6 +16,11 @@ class TiledRule(TiledOpRule):
     def matches(self, fa: FuncAnalysis) -> bool:
         return fa.kind == "tiled"
 
+    def tile_limit(self, extent: int, reg: int) -> int:
+        # the lowering pads an axis to a multiple of its register tile (ROLLER's epsilon;
+        # ``policy.padded_extents``), and its cache tiles divide that padded extent
+        return policy.padded_extents_of(extent, reg)
+
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
         return policy.construct_tiled(fa, dev, topk)
 
