@@ -97,14 +97,15 @@ def compile_model(model, input_shape: Sequence[int], target=None, name: str = "m
     from tvm_roller.integrations import relax as roller_relax
     from tvm_roller.planner import Context
 
-    tgt = Context.make(target if target is not None else "llvm").target
+    ctx = Context.make(target if target is not None else "llvm")  # the target normalised once
+    tgt = ctx.target
     torch.manual_seed(seed)
     x = torch.randn(*[int(s) for s in input_shape])
     mod = import_torch(model, x)
 
     report: List[dict] = []
     t0 = time.perf_counter()
-    ex = roller_relax.compile(mod, tgt, report, cache=cache)
+    ex = roller_relax.compile(mod, ctx, report, cache=cache)
     compile_s = time.perf_counter() - t0
     cached = bool(report) and all(r.get("cached") for r in report)
 
