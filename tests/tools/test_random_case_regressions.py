@@ -58,6 +58,8 @@ CPU_CASES = [
                            "shape": "1024"}, "rfactor InternalError"),
     ("variance", "float32", {"axes": "1", "keepdims": 0, "shape": "64x129x33"},
      "vectorize of a leftover reduction"),
+    ("variance", "float64", {"axes": "1", "keepdims": 1, "shape": "8x16"},
+     "reorder: the partial sums' lane loop over an init and an update"),
     ("arg_reduce", "float64", {"shape": "3x17x9", "axis": 1, "op": "argmax", "keepdims": 1},
      "declined: an int32 index"),
 ]

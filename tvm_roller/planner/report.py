@@ -31,6 +31,10 @@ class FuncReport:
     # a function with symbolic extents: one dict per bucket kernel (the values it takes, the
     # values it was planned at, its tile; ``planner.buckets``)
     buckets: Optional[list] = None
+    # the roofline lower bound (``planner.roofline``; at the largest bucket for symbolic
+    # extents) and what bounds it: "compute" or the memory level the data lives in
+    bound_s: Optional[float] = None
+    bound_by: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,6 +26,7 @@ from tvm_roller.planner.buckets import lower_dynamic, plan_dynamic
 from tvm_roller.planner.context import Context
 from tvm_roller.planner.lower import plan_and_lower
 from tvm_roller.planner.report import FuncReport
+from tvm_roller.planner.roofline import Bound, bound, bound_of
 
 logger = logging.getLogger("tvm_roller")
 
@@ -64,13 +65,16 @@ def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
     try:
         kernel, entry = _kernel(name, func, ctx, options)
         kernel = kernel.with_attr("tirx.is_scheduled", True)
-        return Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
+        res = Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
     except UnsupportedError as err:
-        return _fallback(name, func, ctx, options, check, "decline", str(err), err)
+        res = _fallback(name, func, ctx, options, check, "decline", str(err), err)
     except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
         reason = f"{type(err).__name__}: {first_lines(err)}"
         logger.warning("tvm_roller: error scheduling %s, left to TVM's default: %s", name, reason)
-        return _fallback(name, func, ctx, options, check, "error", reason, err)
+        res = _fallback(name, func, ctx, options, check, "error", reason, err)
+    if res.entry.bound_s is None:  # left to TVM's default, or built as its operators
+        _set_bound(res.entry, bound_of(func, ctx))
+    return res
 
 
 def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptions
@@ -80,17 +84,25 @@ def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptio
     if options.symbolic and symbolic.is_symbolic(func):
         dp = plan_dynamic(func, ctx, bounds=options.bounds, buckets=options.buckets)
         top = dp.cases[-1].plan.tiles[0]
-        return lower_dynamic(dp), FuncReport(name, "roller", dp.kind, top.to_dict(),
-                                             top.predicted_s, cached=dp.from_cache,
-                                             buckets=dp.buckets())
+        entry = FuncReport(name, "roller", dp.kind, top.to_dict(), top.predicted_s,
+                           cached=dp.from_cache, buckets=dp.buckets())
+        _set_bound(entry, bound(dp.cases[-1].plan.analysis, ctx.device))
+        return lower_dynamic(dp), entry
     ps = plan_and_lower(func, ctx)
     decision = ps.lowered.fusion
     fusion = "" if decision is None else \
         f"{'fused' if decision.fuse else 'unfused'}: {decision.reason}"
     tile = ps.plan.tiles[0]
-    return ps.schedule.mod["main"], FuncReport(name, "roller", tile.kind, tile.to_dict(),
-                                               tile.predicted_s, cached=ps.from_cache,
-                                               fusion=fusion)
+    entry = FuncReport(name, "roller", tile.kind, tile.to_dict(), tile.predicted_s,
+                       cached=ps.from_cache, fusion=fusion)
+    whole = ps.plan.decomposed.whole if ps.plan.decomposed else ps.plan.analysis
+    _set_bound(entry, bound(whole, ctx.device))
+    return ps.schedule.mod["main"], entry
+
+
+def _set_bound(entry: FuncReport, b: Optional[Bound]) -> None:
+    if b is not None:
+        entry.bound_s, entry.bound_by = b.seconds, b.by
 
 
 def _build(kernel: tirx.PrimFunc, ctx: Context) -> tvm.runtime.Executable:

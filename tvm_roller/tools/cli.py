@@ -1,5 +1,5 @@
 """``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``, ``compile-model``,
-``costcheck``.
+``profile-model``, ``costcheck``.
 
 Heavy imports (tvm, torch, roller itself) happen inside the subcommands so ``--help`` is instant.
 """
@@ -71,27 +71,49 @@ def _cmd_compile_model(args: argparse.Namespace) -> int:
     1 if the error exceeds --tol."""
     import json
 
-    from tvm_roller.tools.compile_model import (compile_model, default_input_shape, format_result,
-                                          load_factory)
+    from tvm_roller.tools.compile_model import compile_model, format_result, load_model
 
-    factory, mod_name, fn_name = load_factory(args.model)
-    if args.input_shape:
-        try:
-            shape = tuple(int(s) for s in args.input_shape.split(","))
-        except ValueError:
-            raise ValueError(f"--input-shape must be comma-separated integers, got "
-                             f"{args.input_shape!r}") from None
-    else:
-        shape = default_input_shape(mod_name, fn_name)
-        if shape is None:
-            raise ValueError(f"{args.model} declares no INPUT_SHAPES entry: pass --input-shape")
-    result = compile_model(factory(), shape, _target(args.target), name=args.model,
-                           cache=not args.no_cache, tvm_default=not args.no_tvm_default)
+    model, x = load_model(args.model, args.input_shape)
+    result = compile_model(model, tuple(x.shape), _target(args.target), name=args.model,
+                           cache=not args.no_cache, tvm_default=not args.no_tvm_default,
+                           example=x)
     print(format_result(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result.to_dict(), fh, indent=1)
     return 0 if result.max_abs_err <= args.tol else 1
+
+
+def _cmd_profile_model(args: argparse.Namespace) -> int:
+    """Compile a model with roller's Relax pipeline (MODEL: MODULE:FACTORY, or hf:NAME for an
+    architecture of tvm_roller.tools.examples.hf_archs), time every kernel inside the model
+    with the Relax VM instrument and print it against its roofline lower bound (FLOPs at the
+    calibrated peak, bytes at the bandwidth of the level the data lives in) and roller's
+    prediction; a kernel 10x its bound or more that takes >= 50 us or >= 1% of the model's
+    time is flagged. Exit status 1 with --strict when a kernel is flagged."""
+    import json
+
+    import tvm
+    from tvm import relax
+
+    from tvm_roller.integrations import relax as roller_relax
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.planner import Context
+    from tvm_roller.tools.compile_model import load_model
+    from tvm_roller.tools.profile_model import format_profile, profile
+
+    model, x = load_model(args.model, args.input_shape, args.batch)
+    ctx = Context.make(_target(args.target) or "llvm")
+    report: list = []
+    ex = roller_relax.compile(import_torch(model, x), ctx, report, cache=not args.no_cache)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rows = profile(vm, tvm.runtime.tensor(x.numpy()), report, calls=args.calls)
+    print(f"{args.model}, input {tuple(x.shape)}, target {ctx.target}")
+    print(format_profile(rows, top=args.top))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump([r.to_dict() for r in rows], fh, indent=1)
+    return 1 if args.strict and any(r.flag for r in rows) else 0
 
 
 def _cmd_costcheck(args: argparse.Namespace) -> int:
@@ -147,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tvm-roller",
         description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
     sub = ap.add_subparsers(dest="cmd",
-                            metavar="{suite,calibrate,explain,compile-model,costcheck}")
+                            metavar="{suite,calibrate,explain,compile-model,profile-model,"
+                                    "costcheck}")
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
@@ -174,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
                        description=_described(_cmd_compile_model))
-    m.add_argument("model", help="MODULE:FACTORY, e.g. tvm_roller.tools.examples.models:bert_layer")
+    m.add_argument("model", help="MODULE:FACTORY (e.g. tvm_roller.tools.examples.models:"
+                                 "bert_layer) or hf:NAME (tvm_roller.tools.examples.hf_archs)")
     m.add_argument("--input-shape", default=None,
                    help="comma-separated input shape, e.g. 1,128,768 (default: the module's "
                         "INPUT_SHAPES entry)")
@@ -185,6 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tol", type=float, default=1e-3, help="max abs error allowed (default 1e-3)")
     m.add_argument("--json", metavar="OUT", default=None, help="write the result as JSON")
     m.set_defaults(fn=_cmd_compile_model)
+
+    p = sub.add_parser("profile-model", help="each kernel of a model against its roofline bound",
+                       description=_described(_cmd_profile_model))
+    p.add_argument("model", help="MODULE:FACTORY or hf:NAME (e.g. hf:bert, hf:wav2vec2)")
+    p.add_argument("--input-shape", default=None, help="for MODULE:FACTORY, e.g. 1,128,768")
+    p.add_argument("--batch", type=int, default=1, help="batch of an hf:NAME input (default 1)")
+    p.add_argument("--target", default=None, help=_TARGET_HELP)
+    p.add_argument("--calls", type=int, default=10, help="model calls averaged (default 10)")
+    p.add_argument("--top", type=int, default=25, help="kernels listed (flagged ones always)")
+    p.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
+    p.add_argument("--strict", action="store_true", help="exit status 1 if a kernel is flagged")
+    p.add_argument("--json", metavar="OUT", default=None, help="write every kernel's row")
+    p.set_defaults(fn=_cmd_profile_model)
 
     k = sub.add_parser("costcheck", help="check the micro-model's ranking against measurements",
                        description=_described(_cmd_costcheck))

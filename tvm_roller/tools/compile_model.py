@@ -59,6 +59,35 @@ def default_input_shape(mod_name: str, fn_name: str) -> Optional[Tuple[int, ...]
     return tuple(shapes[fn_name]) if fn_name in shapes else None
 
 
+def load_model(spec: str, input_shape: Optional[str] = None, batch: int = 1):
+    """``(module, example input)`` of a model spec: ``hf:NAME`` (an architecture of
+    :mod:`tvm_roller.tools.examples.hf_archs`, random weights) or ``MODULE:FACTORY`` (its input
+    shape from ``input_shape`` "1,128,768" or the module's ``INPUT_SHAPES``). ValueError when
+    the spec or the shape is malformed."""
+    import torch
+
+    if spec.startswith("hf:"):
+        from tvm_roller.tools.examples import hf_archs
+
+        name = spec[3:]
+        if name not in hf_archs.ARCHS:
+            raise ValueError(f"unknown architecture {name!r}; known: {', '.join(hf_archs.ARCHS)}")
+        return hf_archs.build(name, batch)
+    factory, mod_name, fn_name = load_factory(spec)
+    if input_shape:
+        try:
+            shape = tuple(int(s) for s in input_shape.split(","))
+        except ValueError:
+            raise ValueError(f"--input-shape must be comma-separated integers, got "
+                             f"{input_shape!r}") from None
+    else:
+        shape = default_input_shape(mod_name, fn_name)
+        if shape is None:
+            raise ValueError(f"{spec} declares no INPUT_SHAPES entry: pass --input-shape")
+    torch.manual_seed(0)
+    return factory(), torch.randn(*shape)
+
+
 def _time_torch(model, x, min_s: float = 1.0) -> float:
     import torch
 
@@ -88,9 +117,10 @@ def _time_vm(ex, arg, min_s: float = 1.0) -> Tuple[float, np.ndarray]:
 
 def compile_model(model, input_shape: Sequence[int], target=None, name: str = "model",
                   cache: bool = True, tvm_default: bool = True, seed: int = 0,
-                  min_time_s: float = 1.0) -> ModelResult:
-    """Import ``model`` (an ``nn.Module``), compile it with roller, run it on random input and
-    compare with PyTorch; optionally also build and time TVM's default (unscheduled) build."""
+                  min_time_s: float = 1.0, example=None) -> ModelResult:
+    """Import ``model`` (an ``nn.Module``), compile it with roller, run it on random input (or
+    on ``example``: token ids, ...) and compare with PyTorch; optionally also build and time
+    TVM's default (unscheduled) build."""
     import torch
     import tvm
 
@@ -100,7 +130,7 @@ def compile_model(model, input_shape: Sequence[int], target=None, name: str = "m
     ctx = Context.make(target if target is not None else "llvm")  # the target normalised once
     tgt = ctx.target
     torch.manual_seed(seed)
-    x = torch.randn(*[int(s) for s in input_shape])
+    x = example if example is not None else torch.randn(*[int(s) for s in input_shape])
     mod = import_torch(model, x)
 
     report: List[dict] = []

@@ -23,7 +23,8 @@ from typing import List, Optional, Sequence, Tuple
 from tvm import s_tir
 
 from tvm_roller.analysis.schedule import block_names, extent, is_reduction
-from tvm_roller.backends.cpu.lower import rfactor_vectorize_reduction, vectorize_lanes_under_row
+from tvm_roller.backends.cpu.lower_streaming import (rfactor_vectorize_reduction,
+                                                     vectorize_lanes_under_row)
 from tvm_roller.fusion.chain import GemmChain
 
 _ROW_TILES = (6, 4, 3, 2, 1)

@@ -7,7 +7,7 @@ from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import OpRule
-from tvm_roller.backends.cpu import lower, policy
+from tvm_roller.backends.cpu import lower_streaming, policy
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 
@@ -26,4 +26,4 @@ class StreamingRule(OpRule):
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
               dev: DeviceModel) -> s_tir.Schedule:
-        return lower.apply_streaming(func, fa, tile, dev.num_units)
+        return lower_streaming.apply_streaming(func, fa, tile, dev.num_units)

@@ -1,0 +1,102 @@
+"""Each kernel of a compiled model measured against its roofline bound and roller's prediction.
+
+What ``tvm-roller profile-model`` runs: the model is compiled with roller's Relax pipeline (its
+report gives every PrimFunc's lower bound and prediction), each kernel is timed in the model
+by the Relax VM instrument, and a kernel that takes 10x its bound or more while it matters
+(>= 50 us or >= 1% of the model's time) is flagged, so a 12-second kernel never ships silently.
+
+    rows = profile(vm, arg, report)
+    print(format_profile(rows))
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional
+
+from tvm_roller.tools.bench.measure import kernel_times
+
+#: a kernel this many times its roofline bound or more is flagged (when it matters)
+FLAG_RATIO = 10.0
+#: ... when it takes at least this long per call, or this share of the model's kernel time
+FLAG_MIN_S = 50e-6
+FLAG_MIN_SHARE = 0.01
+
+
+@dataclass
+class KernelRow:
+    """One kernel of the model: its time per model call and what roller said of it."""
+
+    name: str
+    measured_s: float
+    share: float  # of all kernels' time (VM builtins included)
+    status: str = ""  # roller / fallback; "" for a VM builtin (allocation, reshape, ...)
+    kind: str = ""
+    fallback: str = ""
+    reason: str = ""
+    bound_s: Optional[float] = None
+    bound_by: str = ""
+    predicted_s: Optional[float] = None
+    flag: str = ""  # why it is flagged ("" when it is not)
+
+    @property
+    def over_bound(self) -> Optional[float]:
+        return self.measured_s / self.bound_s if self.bound_s else None
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), over_bound=self.over_bound)
+
+
+def profile(vm, arg, report: List[dict], calls: int = 10) -> List[KernelRow]:
+    """Every kernel ``vm["main"](arg)`` runs, slowest first, with its report entry and flag."""
+    times = kernel_times(vm, arg, calls)
+    total = sum(times.values()) or 1.0
+    entries: Dict[str, dict] = {e["name"]: e for e in report}
+    rows = []
+    for name, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
+        e = entries.get(name, {})
+        row = KernelRow(name, seconds, seconds / total, e.get("status", ""), e.get("kind", ""),
+                        e.get("fallback", ""), e.get("reason", ""), e.get("bound_s"),
+                        e.get("bound_by", ""), e.get("predicted_s"))
+        row.flag = _flag(row)
+        rows.append(row)
+    return rows
+
+
+def _flag(row: KernelRow) -> str:
+    matters = row.measured_s >= FLAG_MIN_S or row.share >= FLAG_MIN_SHARE
+    if not matters or not row.status:
+        return ""
+    if row.bound_s is None:
+        return "no bound (symbolic shapes roller did not plan)"
+    if row.over_bound >= FLAG_RATIO:
+        why = f"{row.over_bound:.0f}x its {row.bound_by} bound"
+        return why + (f"; left to TVM's default ({row.fallback}: {row.reason[:80]})"
+                      if row.status == "fallback" else "")
+    return ""
+
+
+def format_profile(rows: List[KernelRow], top: int = 25) -> str:
+    """A table of the ``top`` slowest kernels and every flagged one, then the totals."""
+    total = sum(r.measured_s for r in rows)
+    shown = [r for i, r in enumerate(rows) if i < top or r.flag]
+    lines = [f"{'kernel':<56} {'ms':>8} {'share':>6} {'bound ms':>9} {'by':>7} {'x bound':>8} "
+             f"{'pred ms':>8}  flag"]
+    for r in shown:
+        lines.append(
+            f"{r.name[:56]:<56} {r.measured_s * 1e3:8.3f} {r.share:6.1%} "
+            f"{_ms(r.bound_s):>9} {r.bound_by[:7]:>7} "
+            f"{'-' if r.over_bound is None else f'{r.over_bound:.1f}':>8} "
+            f"{_ms(r.predicted_s):>8}  {r.flag or ('(VM builtin)' if not r.status else '')}")
+    flagged = [r for r in rows if r.flag]
+    kernels = [r for r in rows if r.status]
+    bounded = sum(r.bound_s or 0.0 for r in kernels)
+    lines.append(f"all kernels {total * 1e3:.3f} ms per call ({len(kernels)} PrimFuncs, "
+                 f"{sum(r.measured_s for r in rows if not r.status) * 1e3:.3f} ms in VM "
+                 f"builtins); sum of bounds {bounded * 1e3:.3f} ms; {len(flagged)} flagged "
+                 f"(>= {FLAG_RATIO:g}x bound and >= {FLAG_MIN_S * 1e6:.0f} us or "
+                 f">= {FLAG_MIN_SHARE:.0%})")
+    return "\n".join(lines)
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
