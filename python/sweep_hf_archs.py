@@ -1,193 +1,210 @@
-"""Many HuggingFace architectures, small configs with random weights, through
-``tvm_roller.relax.compile`` (default settings): does each export, compile, match PyTorch, and
-with how many roller errors / declines? Each architecture runs in a child process, so a crash
-is counted, not fatal. Prints a markdown table.
+"""HuggingFace architectures at real sizes through ``tvm_roller.relax.compile`` (default
+settings), each checked and timed against PyTorch eager, inductor, ONNX Runtime and OpenVINO.
 
-    python python/sweep_hf_archs.py [--archs t5,distilbert,...] [--timeout 600]
+    python python/sweep_hf_archs.py [--archs bert,llama,...] [--batch 1] [--no-inductor]
+                                    [--json out/sweep.json] [--timeout 1500]
 
-The architectures are built with ``transformers.AutoModel.from_config`` from a small config
-(2 layers, small hidden sizes); text models take 64 token ids, vision models a 64x64 image
-(224 where the architecture needs it), audio models 4000 samples or an 80x200 log-mel input.
+The architectures are ``tvm_roller.tools.examples.hf_archs`` (39: encoders, decoders, vision
+transformers, full-depth CNNs, audio; transformers at 2 layers and 128 tokens). Each runs in a
+child process (a crash or a hang is a counted row). In it: the model is exported once
+(``torch.export``) and compiled cold (no cache); every contender's output is compared with
+PyTorch's; then all are timed in one interleaved run, each in its own short blocks
+(``tools.bench.interleaved``); roller's kernels are profiled against their roofline bounds
+(``tools.profile_model``). ONNX Runtime: CPU EP, ``ORT_ENABLE_ALL``, the model exported with
+``torch.onnx.export`` (dynamo, opset 18; else TorchScript, opset 17). OpenVINO: ``convert_model``
+from PyTorch, CPU, ``LATENCY`` hint, ``INFERENCE_PRECISION_HINT=f32``. All with the machine's
+cores as threads. A peer that cannot convert a model is reported with its error, and the best
+of the others counts.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import time
 
-_TEXT = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-             vocab_size=1000)
-# name -> (config class, config overrides, input kind)
-ARCHS = {
-    "t5": ("T5Config", dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128,
-                            vocab_size=1000), "text-encoder"),
-    "distilbert": ("DistilBertConfig", dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128,
-                                            vocab_size=1000), "text"),
-    "roberta": ("RobertaConfig", dict(_TEXT, max_position_embeddings=130), "text"),
-    "albert": ("AlbertConfig", dict(_TEXT, embedding_size=32), "text"),
-    "electra": ("ElectraConfig", dict(_TEXT, embedding_size=32), "text"),
-    "deberta_v2": ("DebertaV2Config", dict(_TEXT), "text"),
-    "mpnet": ("MPNetConfig", dict(_TEXT), "text"),
-    "llama": ("LlamaConfig", dict(_TEXT, num_key_value_heads=2, use_cache=False), "text"),
-    "mistral": ("MistralConfig", dict(_TEXT, num_key_value_heads=2, use_cache=False), "text"),
-    "qwen2": ("Qwen2Config", dict(_TEXT, num_key_value_heads=2, use_cache=False), "text"),
-    "opt": ("OPTConfig", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                              ffn_dim=128, word_embed_proj_dim=64, vocab_size=1000,
-                              use_cache=False), "text"),
-    "bloom": ("BloomConfig", dict(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000,
-                                  use_cache=False), "text"),
-    "gpt_neox": ("GPTNeoXConfig", dict(_TEXT, use_cache=False), "text"),
-    "phi": ("PhiConfig", dict(_TEXT, use_cache=False), "text"),
-    "convnext": ("ConvNextConfig", dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
-                 "image"),
-    "convnextv2": ("ConvNextV2Config", dict(hidden_sizes=[16, 32, 64, 128],
-                                            depths=[1, 1, 1, 1]), "image"),
-    "swin": ("SwinConfig", dict(image_size=64, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
-                                window_size=4), "image"),
-    "deit": ("DeiTConfig", dict(_TEXT, image_size=64, patch_size=8), "image"),
-    "beit": ("BeitConfig", dict(_TEXT, image_size=64, patch_size=8), "image"),
-    "clip_vision": ("CLIPVisionConfig", dict(_TEXT, image_size=64, patch_size=8), "image"),
-    "segformer": ("SegformerConfig", dict(num_encoder_blocks=2, depths=[1, 1],
-                                          sr_ratios=[2, 1], hidden_sizes=[16, 32],
-                                          num_attention_heads=[1, 2], decoder_hidden_size=32,
-                                          patch_sizes=[7, 3], strides=[4, 2],
-                                          mlp_ratios=[2, 2]), "image"),
-    "regnet": ("RegNetConfig", dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                                    embedding_size=16, groups_width=8), "image"),
-    "efficientnet": ("EfficientNetConfig", dict(width_coefficient=0.25, depth_coefficient=0.25,
-                                                hidden_dim=320,
-                                                image_size=64), "image"),
-    "mobilevit": ("MobileViTConfig", dict(image_size=64, hidden_sizes=[16, 24, 32],
-                                          neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64]),
-                  "image"),
-    "levit": ("LevitConfig", dict(image_size=224, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2],
-                                  depths=[1, 1, 1], key_dim=[8, 8, 8]), "image224"),
-    "poolformer": ("PoolFormerConfig", dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
-                   "image"),
-    "wav2vec2": ("Wav2Vec2Config", dict(_TEXT, conv_dim=[32, 32, 32], conv_stride=[5, 2, 2],
-                                        conv_kernel=[10, 3, 3], num_conv_pos_embeddings=16,
-                                        num_conv_pos_embedding_groups=4), "audio"),
-    "hubert": ("HubertConfig", dict(_TEXT, conv_dim=[32, 32, 32], conv_stride=[5, 2, 2],
-                                    conv_kernel=[10, 3, 3], num_conv_pos_embeddings=16,
-                                    num_conv_pos_embedding_groups=4), "audio"),
-}
+PEERS = ("eager", "inductor", "onnxruntime", "openvino")
 
 
-def run_one(arch: str) -> dict:
+def run_one(arch: str, batch: int, inductor: bool) -> dict:
     import warnings
 
     import numpy as np
     import torch
-    import transformers
+
+    import tvm_roller  # noqa: F401  (TVM's thread pool before torch starts its own)
     import tvm
     from tvm import relax
 
-    import tvm_roller
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples.hf_models import randomize_norm_statistics
+    from tvm_roller.planner import Context
+    from tvm_roller.tools.bench import interleaved, peers
+    from tvm_roller.tools.examples import hf_archs
+    from tvm_roller.tools.profile_model import profile
 
-    cls_name, overrides, kind = ARCHS[arch]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, cls_name)(**overrides)
-    cfg._attn_implementation = "eager"
-    if kind == "text-encoder":
-        from transformers import T5EncoderModel
-
-        model = T5EncoderModel(cfg)
-    else:
-        model = transformers.AutoModel.from_config(cfg)
-    randomize_norm_statistics(model)
-    model.eval()
-    gen = torch.Generator().manual_seed(0)
-    if kind.startswith("text"):
-        x, arg = torch.randint(0, 1000, (1, 64), generator=gen), "input_ids"
-    elif kind == "audio":
-        x, arg = torch.randn(1, 4000, generator=gen), "input_values"
-    else:
-        size = 224 if kind == "image224" else 64
-        x, arg = torch.randn(1, 3, size, size, generator=gen), "pixel_values"
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, inp):
-            out = self.model(**{arg: inp})
-            hidden = getattr(out, "last_hidden_state", None)
-            return hidden if hidden is not None else out[0]
-
-    wrapped = Wrapped().eval()
-    row = {"arch": arch, "stage": "export"}
-    mod = import_torch(wrapped, x)
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    model, x = hf_archs.build(arch, batch)
+    row = {"arch": arch, "family": hf_archs.ARCHS[arch].family, "batch": batch,
+           "input": list(x.shape), "stage": "export"}
+    with torch.no_grad():
+        ref = model(x).numpy().astype(np.float64)
+    scale = float(np.abs(ref).max()) or 1.0
+    mod = import_torch(model, x)
     row["stage"] = "compile"
     report: list = []
+    t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ex = tvm_roller.relax.compile(mod, tvm_roller.hardware.normalize_target("llvm"), report,
-                                      cache=False)
-    row["stage"] = "run"
+        ex = tvm_roller.relax.compile(mod, Context.make("llvm"), report, cache=False)
+    row["compile_s"] = time.perf_counter() - t0
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    arg = tvm.runtime.tensor(x.numpy())
+    out = vm["main"](arg)
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
-    with torch.no_grad():
-        ref = wrapped(x).numpy()
-    if not np.abs(ref).max() > 1e-12:
-        raise ValueError(f"{arch}: PyTorch's output is all zeros, nothing to compare")
-    row.update(stage="done", rel_err=float(np.abs(out - ref).max() / np.abs(ref).max()),
-               funcs=len(report), roller=sum(e["status"] == "roller" for e in report),
-               declined=[f"{e['name']}: {e['reason'][:120]}" for e in report
-                         if e["fallback"] == "decline"],
-               errors=[f"{e['name']}: {e['reason'][:200]}" for e in report
-                       if e["fallback"] == "error"])
+    row["stage"] = "run"
+    runs = {"roller": lambda: vm["main"](arg)}
+    errors = {"roller": float(np.abs(out - ref).max() / scale)}
+    contenders = [peers.make_eager(model, x)]
+    if inductor:
+        contenders.append(peers.make_inductor(model, x))
+    contenders += [peers.make_onnxruntime(model, x, threads),
+                   peers.make_openvino(model, x, threads)]
+    row["peers"] = {}
+    for c in contenders:
+        info = {"setup_s": c.setup_s, "error": c.error, "notes": c.notes}
+        if c.run is not None:
+            info["rel_err"] = float(np.abs(c.output.astype(np.float64) - ref).max() / scale)
+            runs[c.name] = c.run
+        row["peers"][c.name] = info
+    times = interleaved.time_blocks(runs)
+    row["roller_ms"] = times["roller"]["median_s"] * 1e3
+    row["roller_spread"] = times["roller"]["spread"]
+    row["rel_err"] = errors["roller"]
+    for name, t in times.items():
+        if name != "roller":
+            row["peers"][name].update(ms=t["median_s"] * 1e3, spread=t["spread"])
+    kernels = profile(vm, arg, report, calls=3)
+    row["flagged"] = [k.to_dict() for k in kernels if k.flag]
+    row["slowest"] = [k.to_dict() for k in kernels[:6]]
+    row["declined"] = [f"{e['name']}: {e['reason'][:160]}" for e in report
+                       if e["fallback"] == "decline"]
+    row["errors"] = [f"{e['name']}: {e['reason'][:200]}" for e in report
+                     if e["fallback"] == "error"]
+    row["funcs"] = len(report)
+    row["stage"] = "done"
     return row
 
 
+def best_peer(row: dict):
+    """(name, ms) of the fastest peer whose output matched (rel. error <= 1e-3), or None."""
+    ok = [(name, p["ms"]) for name, p in row.get("peers", {}).items()
+          if "ms" in p and p.get("rel_err", 1.0) <= 1e-3]
+    return min(ok, key=lambda kv: kv[1]) if ok else None
+
+
+def table(rows: list) -> str:
+    lines = ["| arch | family | rel. err | compile s | roller ms | eager | inductor | ONNX RT "
+             "| OpenVINO | best peer | × best | × eager | flagged kernels | declined / errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios, eager_ratios = [], []
+    for r in rows:
+        if r.get("stage") != "done":
+            lines.append(f"| {r['arch']} | {r.get('family', '')} | {r.get('stage')}: "
+                         f"{r.get('message', '')[:120]} | | | | | | | | | | | |")
+            continue
+        cells = []
+        for name in PEERS:
+            p = r["peers"].get(name)
+            cells.append("-" if p is None else
+                         (f"{p['ms']:.2f}" if "ms" in p else "fails"))
+        best = best_peer(r)
+        x_best = best[1] / r["roller_ms"] if best else None
+        eager = r["peers"]["eager"].get("ms")
+        x_eager = eager / r["roller_ms"] if eager else None
+        if x_best:
+            ratios.append(x_best)
+        if x_eager:
+            eager_ratios.append(x_eager)
+        lines.append(f"| {r['arch']} | {r['family']} | {r['rel_err']:.1e} | {r['compile_s']:.1f} "
+                     f"| {r['roller_ms']:.2f} | " + " | ".join(cells) +
+                     f" | {best[0] if best else '-'} | {_x(x_best)} | {_x(x_eager)} "
+                     f"| {len(r['flagged'])} | {len(r['declined'])} / {len(r['errors'])} |")
+    if ratios:
+        lines.append("")
+        lines.append(f"{len(ratios)} timed: geomean × best peer {_geo(ratios):.2f}, "
+                     f">= 1.0x on {sum(x >= 1.0 for x in ratios)}, min {min(ratios):.2f}; "
+                     f"geomean × eager {_geo(eager_ratios):.2f}, min {min(eager_ratios):.2f}")
+    return "\n".join(lines)
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _geo(xs) -> float:
+    return math.exp(sum(math.log(v) for v in xs) / len(xs))
+
+
+def details(rows: list) -> str:
+    out = []
+    for r in rows:
+        for name, p in r.get("peers", {}).items():
+            if p.get("error"):
+                out.append(f"  {r['arch']} {name}: fails: {p['error'][:160]}")
+            elif p.get("rel_err", 0) > 1e-3:
+                out.append(f"  {r['arch']} {name}: output differs (rel. err {p['rel_err']:.1e})")
+        for k in r.get("flagged", []):
+            out.append(f"  {r['arch']} flagged: {k['name']} {k['measured_s'] * 1e3:.3f} ms: "
+                       f"{k['flag']}")
+        for what in ("declined", "errors"):
+            for line in r.get(what, []):
+                out.append(f"  {r['arch']} {what}: {line}")
+    return "\n".join(out)
+
+
 def main() -> int:
+    from tvm_roller.tools.examples import hf_archs
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--archs", default=",".join(ARCHS))
-    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--archs", default=",".join(hf_archs.ARCHS))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--timeout", type=int, default=1500)
+    ap.add_argument("--json", default=None)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.one:
         with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(run_one(args.one), fh)
+            json.dump(run_one(args.one, args.batch, not args.no_inductor), fh)
         return 0
-    from tvm_roller.tools.bench.measure import run_isolated
+    from tvm_roller.tools.bench.measure import run_isolated, write_json
 
     rows = []
     for arch in args.archs.split(","):
-        run = run_isolated(__file__, ["--one", arch], fresh_cache=False, capture=True,
-                           timeout=args.timeout)
+        opts = ["--one", arch, "--batch", str(args.batch)] + ["--no-inductor"] * args.no_inductor
+        t0 = time.perf_counter()
+        run = run_isolated(__file__, opts, fresh_cache=False, capture=True, timeout=args.timeout)
         if run.row is not None:
             rows.append(run.row)
-        elif run.status == "timeout":
-            rows.append({"arch": arch, "stage": "timeout"})
         else:
             err = run.stderr.strip().splitlines()
-            tail = [line for line in err if "Error" in line or "error" in line][-1:] or err[-1:]
-            rows.append({"arch": arch, "stage": f"failed ({run.status})",
-                         "message": tail[0][:200] if tail else ""})
+            tail = [line for line in err if "Error" in line][-1:] or err[-1:]
+            rows.append({"arch": arch, "family": hf_archs.ARCHS[arch].family,
+                         "stage": run.status, "message": tail[0][:300] if tail else ""})
         r = rows[-1]
-        print(f"{arch}: {r['stage']} {r.get('rel_err', '')} {r.get('message', '')}",
-              file=sys.stderr, flush=True)
-    print("| arch | result | rel. err | roller / funcs | declined | errors |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        if r["stage"] != "done":
-            print(f"| {r['arch']} | {r['stage']}: {r.get('message', '')} | | | | |")
-            continue
-        print(f"| {r['arch']} | ok | {r['rel_err']:.1e} | {r['roller']} / {r['funcs']} "
-              f"| {len(r['declined'])} | {len(r['errors'])} |")
-    for r in rows:
-        for what in ("declined", "errors"):
-            for line in r.get(what, []):
-                print(f"  {r['arch']} {what}: {line}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
+        best = best_peer(r) if r.get("stage") == "done" else None
+        print(f"{arch}: {r.get('stage')} {time.perf_counter() - t0:.0f} s; roller "
+              f"{r.get('roller_ms', 0):.2f} ms; best peer {best}", file=sys.stderr, flush=True)
+        if args.json:
+            write_json(args.json, rows)
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, batch {args.batch}, "
+          f"{len(os.sched_getaffinity(0))} threads\n")
+    print(table(rows))
+    print(details(rows))
     return 0
 
 

@@ -244,3 +244,29 @@ def test_rational_erf_accuracy():
     got = run(lib, [x], (4001,), "float32")
     ref = np.array([math.erf(float(v)) for v in x])
     assert np.abs(got - ref).max() < 1e-6
+
+
+class _NegativeIndices(nn.Module):
+    """Negative constant indices, which TVM's importer turns into out-of-bounds takes."""
+
+    def forward(self, x):
+        return x[:, -1] * 2.0 + x[:, :, -2].sum(1, keepdim=True) + torch.select(x, 1, -3) + \
+            x[:, -4:, 1].sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_negative_indices_read_from_the_end(dynamic):
+    from tvm_roller.integrations.pytorch import import_torch
+
+    model = _NegativeIndices().eval()
+    x = torch.from_numpy(rand((3, 7, 5), seed=11))
+    dims = {1: torch.export.Dim("seq", min=5, max=64)} if dynamic else None
+    mod = import_torch(model, x, dims)
+    ex = rr.compile(mod, TARGET, cache=False)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in ((7, 13) if dynamic else (7,)):
+        xn = torch.from_numpy(rand((3, n, 5), seed=n))
+        out = vm["main"](tvm.runtime.tensor(xn.numpy())).numpy()
+        with torch.no_grad():
+            ref = model(xn.double()).numpy()
+        assert_close(out, ref, 1e-5)

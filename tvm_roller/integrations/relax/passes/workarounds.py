@@ -11,6 +11,10 @@ neither roller's kernels nor TVM's default ones meet them.
 - A ``strided_slice`` with a negative axis (HuggingFace's causal-mask positions, exported
   with a dynamic sequence length) fails to legalize when the slice bounds are symbolic
   (``axis < src_tensor_dim (-1 vs. 2)``): its axes are counted from the front instead.
+- TVM's PyTorch importer turns ``x[:, -1]`` (and ``select``, ``index_select`` with negative
+  indices) into ``take(x, -1, mode="fast")``, which reads before the start of the axis: NaN or
+  garbage, silently. A constant negative index is made positive (``i % extent``); over an axis
+  of symbolic extent the take wraps (``mode="wrap"``) instead.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ class _Workarounds(relax.expr_functor.PyExprMutator):
         call = super().visit_call_(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.strided_slice":
             return _slice_axes_from_front(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take":
+            return _take_from_front(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name in _COMPARISONS and \
                 len(call.args) == 2 and all(_is_bool(a) for a in call.args):
             args = [relax.op.astype(a, "int8") for a in call.args]
@@ -55,6 +61,26 @@ def _slice_axes_from_front(call):
         return call
     fixed = relax.Tuple([tvm.tirx.IntImm("int64", v % ndim) for v in values])
     return relax.Call(call.op, [call.args[0], fixed, *call.args[2:]], call.attrs)
+
+
+def _take_from_front(call):
+    """A take of constant indices, the negative ones counted from the end of the axis."""
+    indices = call.args[1]
+    if not isinstance(indices, tvm.ir.expr.Constant):
+        return call
+    values = indices.value.numpy()
+    if values.dtype.kind not in "iu" or not (values < 0).any():
+        return call
+    shape = getattr(call.args[0].ty, "shape", None)
+    axis = call.attrs.axis
+    if axis is None or shape is None:
+        return call
+    axis = int(axis) % len(shape)
+    extent = shape[axis]
+    if not isinstance(extent, tvm.tirx.IntImm):  # symbolic: wrap around at run time
+        return relax.op.take(call.args[0], indices, axis=axis, mode="wrap")
+    fixed = relax.const(values % int(extent.value), str(values.dtype))
+    return relax.op.take(call.args[0], fixed, axis=axis, mode=call.attrs.mode)
 
 
 def workarounds_pass() -> tvm.transform.Pass:
