@@ -270,3 +270,46 @@ def test_negative_indices_read_from_the_end(dynamic):
         with torch.no_grad():
             ref = model(xn.double()).numpy()
         assert_close(out, ref, 1e-5)
+
+
+class _ComposedGelus(nn.Module):
+    """GELUs composed: inlining each into the next multiplies the expression (erf's
+    polynomial uses its argument about ten times); this once took minutes to compile."""
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return f.gelu(f.gelu(f.gelu(x, approximate="tanh")), approximate="tanh") + 0.5
+
+
+def test_composed_elementwise_functions_compile_in_bounded_time():
+    import time
+
+    from tvm_roller.integrations.pytorch import import_torch
+
+    model = _ComposedGelus().eval()
+    x = torch.from_numpy(rand((32, 8, 34), seed=5))
+    t0 = time.perf_counter()
+    ex = rr.compile(import_torch(model, x), TARGET, cache=False)
+    assert time.perf_counter() - t0 < 60
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model(x.double()).numpy()
+    assert_close(out, ref, 1e-5)
+
+
+def test_a_kernel_too_big_to_compile_is_declined():
+    """An expression whose tree is far larger than its graph (each step uses the last twice)
+    is declined before it is compiled, with the reason."""
+    from tvm_roller.planner import Context, schedule_function
+
+    X = te.placeholder((64,), "float32", name="X")
+
+    def grow(v):  # 3^11 nodes as a tree
+        for _ in range(11):
+            v = v * v + v
+        return v
+
+    func = te.create_prim_func([X, te.compute((64,), lambda i: grow(X[i]), name="Y")])
+    res = schedule_function(func, Context.make(TARGET, device()), check=False)
+    assert res.kernel is None and res.entry.fallback == "decline"
+    assert "nodes" in res.entry.reason

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from tvm import s_tir, tirx
 
+from tvm_roller.analysis.size import tree_size
 from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.core.errors import UnsupportedError
 
@@ -23,6 +24,25 @@ def attempt(fn, *args, **kwargs) -> bool:
         fn(*args, **kwargs)
     except SCHEDULE_ERRORS:
         return False
+    return True
+
+
+#: an inlined stage may leave each of its readers with at most this many expression nodes
+#: (``analysis.size``): three composed GELUs inlined into one another made one kernel of tens
+#: of thousands of nodes, minutes of compile
+INLINE_NODES = 3000
+
+
+def inline_within(sch: s_tir.Schedule, block, limit: int = INLINE_NODES) -> bool:
+    """``compute_inline`` of ``block`` when TVM allows it and its readers' bodies stay within
+    ``limit`` nodes of expression; whether it was inlined."""
+    readers = sch.get_consumers(block)
+    trial = sch.copy()
+    if not attempt(trial.compute_inline, block):
+        return False
+    if any(tree_size(trial.get(r).body, limit + 1) > limit for r in readers):
+        return False
+    sch.compute_inline(block)
     return True
 
 

@@ -5,7 +5,7 @@ without a list of node types; spans and buffer declarations are not entered.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import tvm_ffi
 from tvm import tirx
@@ -25,6 +25,18 @@ def _fields(cls) -> list:
 _FIELD_CACHE: dict = {}
 
 
+def child_nodes(node) -> Iterator:
+    """The reflected fields of a node that hold other nodes (or lists of them), in order."""
+    cls = type(node)
+    names = _FIELD_CACHE.get(cls)
+    if names is None:
+        names = _FIELD_CACHE[cls] = _fields(cls)
+    for name in names:
+        child = getattr(node, name, None)
+        if child is not None:
+            yield child
+
+
 def post_order_visit(node, fvisit: Callable) -> None:
     """Call ``fvisit`` on every node under ``node`` (children first)."""
     if isinstance(node, (list, tuple, tvm_ffi.Array)):
@@ -33,12 +45,6 @@ def post_order_visit(node, fvisit: Callable) -> None:
         return
     if not isinstance(node, tvm_ffi.core.Object) or isinstance(node, (tirx.Buffer, str)):
         return
-    cls = type(node)
-    names = _FIELD_CACHE.get(cls)
-    if names is None:
-        names = _FIELD_CACHE[cls] = _fields(cls)
-    for name in names:
-        child = getattr(node, name, None)
-        if child is not None:
-            post_order_visit(child, fvisit)
+    for child in child_nodes(node):
+        post_order_visit(child, fvisit)
     fvisit(node)

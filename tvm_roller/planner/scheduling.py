@@ -19,6 +19,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis import symbolic
+from tvm_roller.analysis.size import tree_size
 from tvm_roller.backends.registry import backend_for, has_backend
 from tvm_roller.core.errors import UnsupportedError, first_lines
 from tvm_roller.fusion import split
@@ -63,7 +64,9 @@ def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
     function alone (and is reported), not later in a whole model's build."""
     options = options or ScheduleOptions()
     try:
+        _check_size(func)  # (analysing it would walk the same tree)
         kernel, entry = _kernel(name, func, ctx, options)
+        _check_size(kernel)
         kernel = kernel.with_attr("tirx.is_scheduled", True)
         res = Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
     except UnsupportedError as err:
@@ -98,6 +101,19 @@ def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptio
     whole = ps.plan.decomposed.whole if ps.plan.decomposed else ps.plan.analysis
     _set_bound(entry, bound(whole, ctx.device))
     return ps.schedule.mod["main"], entry
+
+
+#: a kernel with more expression nodes than this is declined before it is compiled: code
+#: generation walks each use of a shared subexpression, so compile time follows this count
+#: (roller's own kernels stay under a few thousand; ``analysis.schedule.INLINE_NODES``)
+MAX_KERNEL_NODES = 100_000
+
+
+def _check_size(kernel: tirx.PrimFunc) -> None:
+    nodes = tree_size(kernel.body, MAX_KERNEL_NODES + 1)
+    if nodes > MAX_KERNEL_NODES:
+        raise UnsupportedError(f"the kernel's expressions hold over {MAX_KERNEL_NODES} nodes: "
+                               "compiling it would take minutes")
 
 
 def _set_bound(entry: FuncReport, b: Optional[Bound]) -> None:

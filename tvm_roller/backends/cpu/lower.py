@@ -18,8 +18,8 @@ from tvm import s_tir, tirx
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
-from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent, is_padding,
-                                          is_reduction, perfect_split)
+from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent,
+                                          inline_within, is_padding, is_reduction, perfect_split)
 from tvm_roller.backends.cpu.loops import (block_2d, parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
 from tvm_roller.core.rtile import RTile
@@ -167,7 +167,7 @@ def _fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> Li
         blk = sch.get_sblock(name)
         readers = [sch.get(c).name_hint for c in sch.get_consumers(blk)]
         if same_space(name) and readers and all(same_space(r) for r in readers):
-            attempt(sch.compute_inline, blk)
+            inline_within(sch, blk)
     left: List[str] = []
     for name in names:
         if name not in block_names(sch):

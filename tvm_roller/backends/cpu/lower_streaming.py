@@ -9,7 +9,7 @@ from tvm import s_tir, tirx
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.schedule import (add_unit_loops, attempt, block_names, extent,
-                                          is_reduction, realize_of)
+                                          inline_within, is_reduction, realize_of)
 from tvm_roller.backends.cpu.loops import (block_2d, element_steps, is_copy, is_vectorized,
                                            parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
@@ -102,7 +102,7 @@ def _each_output_alone(sch: s_tir.Schedule, lanes: int, cores: int) -> s_tir.Sch
     outputs = set(_output_blocks(sch))
     for name in block_names(sch):
         if name not in outputs:
-            attempt(sch.compute_inline, sch.get_sblock(name))
+            inline_within(sch, sch.get_sblock(name))
     for name in block_names(sch):
         parallel_vectorize_block(sch, sch.get_sblock(name), lanes, cores)
     return sch
@@ -123,7 +123,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         if is_reduction(sch, blk):
             continue
         if len(sch.get_consumers(blk)) == 1 or is_copy(sch.get(blk)):
-            attempt(sch.compute_inline, blk)
+            inline_within(sch, blk)
     names = block_names(sch)
     out = sch.get_sblock(out_name)
     out_loops = sch.get_loops(out)

@@ -15,6 +15,9 @@ neither roller's kernels nor TVM's default ones meet them.
   indices) into ``take(x, -1, mode="fast")``, which reads before the start of the axis: NaN or
   garbage, silently. A constant negative index is made positive (``i % extent``); over an axis
   of symbolic extent the take wraps (``mode="wrap"``) instead.
+- A concatenation with an empty operand (Phi-3's rotary embedding concatenates the rotated
+  head dimensions with the empty rest, ``x[..., rotary_dim:]`` when the rotation covers the
+  whole head) makes a PrimFunc with an empty loop nest: the empty operands are dropped.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ class _Workarounds(relax.expr_functor.PyExprMutator):
             return _slice_axes_from_front(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take":
             return _take_from_front(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.concat":
+            return _without_empty_operands(call)
         if isinstance(call.op, tvm.ir.Op) and call.op.name in _COMPARISONS and \
                 len(call.args) == 2 and all(_is_bool(a) for a in call.args):
             args = [relax.op.astype(a, "int8") for a in call.args]
@@ -83,6 +88,25 @@ def _take_from_front(call):
     return relax.op.take(call.args[0], fixed, axis=axis, mode=call.attrs.mode)
 
 
+def _without_empty_operands(call):
+    """A concatenation of its non-empty operands (the only one itself)."""
+    fields = call.args[0]
+    if not isinstance(fields, relax.Tuple):
+        return call
+    kept = [f for f in fields.fields if not _empty(f)]
+    if len(kept) == len(fields.fields) or not kept:
+        return call
+    if len(kept) == 1:
+        return kept[0]
+    return relax.Call(call.op, [relax.Tuple(kept)], call.attrs)
+
+
+def _empty(expr) -> bool:
+    shape = getattr(expr.ty, "shape", None)
+    return shape is not None and any(isinstance(d, tvm.tirx.IntImm) and int(d.value) == 0
+                                     for d in shape)
+
+
 def workarounds_pass() -> tvm.transform.Pass:
     """Every Relax function of the module with the rewrites above."""
 
@@ -93,6 +117,7 @@ def workarounds_pass() -> tvm.transform.Pass:
         for gv, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 mod[gv] = mutator.visit_expr(func)
-        return relax.transform.Normalize()(mod)
+        # (what the rewrites left unused, an empty slice, goes)
+        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
 
     return _rewrite
