@@ -16,6 +16,7 @@ from tvm.s_tir import dlight as dl
 
 import tvm_roller
 import tvm_roller.dlight
+import tvm_roller.analysis.visit
 import tvm_roller.relax as rr
 from tvm_roller import FallbackWarning
 from conftest import TARGET, assert_close, device, rand, run
@@ -313,3 +314,42 @@ def test_a_kernel_too_big_to_compile_is_declined():
     res = schedule_function(func, Context.make(TARGET, device()), check=False)
     assert res.kernel is None and res.entry.fallback == "decline"
     assert "nodes" in res.entry.reason
+
+
+def test_wrong_kernel_is_caught_by_the_guard_and_falls_back(monkeypatch):
+    """With ``verify=True`` a kernel whose build computes something else (here: writes
+    nothing) is an error entry, and the function gets TVM's default build: the model stays
+    right."""
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.planner import scheduling
+
+    real = scheduling._build
+
+    def broken(kernel, ctx):
+        if any(True for _ in _reductions_of(kernel)):
+            kernel = kernel.with_body(tvm.tirx.Evaluate(tvm.tirx.const(0, "int32")))
+        return real(kernel, ctx)
+
+    monkeypatch.setattr(scheduling, "_build", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8)).eval()
+    x = torch.from_numpy(rand((5, 24), seed=3))
+    report: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = rr.compile(import_torch(model, x), TARGET, report, cache=False, verify=True)
+    wrong = [e for e in report if e["fallback"] == "error"]
+    assert wrong and all("WrongResultError" in e["reason"] for e in wrong)
+    assert any(e["verified"].startswith("matches") for e in report)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model.double()(x.double()).numpy()
+    assert_close(out, ref, 1e-5)
+
+
+def _reductions_of(func):
+    found = []
+    tvm_roller.analysis.visit.post_order_visit(
+        func.body, lambda n: found.append(n) if isinstance(n, tvm.s_tir.SBlock) and any(
+            int(iv.iter_type) == 2 for iv in n.iter_vars) else None)
+    return found

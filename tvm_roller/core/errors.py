@@ -13,6 +13,11 @@ class InvalidTile(ValueError):
     """A tile (e.g. read back from a cache) that does not fit the function or the rule."""
 
 
+class WrongResultError(RuntimeError):
+    """A kernel roller built computes something else than TVM's default build of the same
+    function (the wrong-result guard, ``verify=True``): a defect, reported as an error."""
+
+
 class CacheWarning(UserWarning):
     """A cache entry was unreadable or unusable: ignored, and what it held made again."""
 

@@ -48,10 +48,13 @@ def schedule(func, target: TargetLike, topk: int = 1, device: Optional[DeviceMod
 
 def build(func, target: TargetLike, fallback: bool = False,
           device: Optional[DeviceModel] = None, bounds: Optional[Bounds] = None,
-          buckets: Buckets = None, cache: Optional[ScheduleCache] = None):
+          buckets: Buckets = None, cache: Optional[ScheduleCache] = None,
+          verify: bool = False):
     """Schedule with roller and compile; what ``tvm.compile`` returns. A function with symbolic
     extents is planned per bucket of its shape variables (``bounds``: variable -> (lower,
     upper); ``buckets``: variable -> bucket upper ends) and compiled once for every value.
+    ``verify``: run roller's kernel once against TVM's default build of the function on random
+    inputs (``planner.verify``): a mismatch is a roller error (``WrongResultError``).
 
     With ``fallback=True`` a function roller declines or fails on is built as its operators
     one by one when it has several, else with TVM's default lowering (dlight's rules on a
@@ -69,7 +72,7 @@ def build(func, target: TargetLike, fallback: bool = False,
         _warn_fallback(f"roller declined ({err}); building with TVM's default schedule")
         mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
         return tvm.compile(default_schedule(mod, tgt), target=tgt)
-    res = schedule_function(prim, ctx, options=ScheduleOptions(bounds, buckets))
+    res = schedule_function(prim, ctx, options=ScheduleOptions(bounds, buckets, verify=verify))
     if res.error is not None:
         if not fallback:
             raise res.error

@@ -35,6 +35,9 @@ class FuncReport:
     # extents) and what bounds it: "compute" or the memory level the data lives in
     bound_s: Optional[float] = None
     bound_by: str = ""
+    # with ``verify=True``: how roller's kernel compared with TVM's default build on random
+    # inputs (``planner.verify``), or why it was not checked
+    verified: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,13 +21,14 @@ from tvm import s_tir, tirx
 from tvm_roller.analysis import symbolic
 from tvm_roller.analysis.size import tree_size
 from tvm_roller.backends.registry import backend_for, has_backend
-from tvm_roller.core.errors import UnsupportedError, first_lines
+from tvm_roller.core.errors import UnsupportedError, WrongResultError, first_lines
 from tvm_roller.fusion import split
 from tvm_roller.planner.buckets import lower_dynamic, plan_dynamic
 from tvm_roller.planner.context import Context
 from tvm_roller.planner.lower import plan_and_lower
 from tvm_roller.planner.report import FuncReport
 from tvm_roller.planner.roofline import Bound, bound, bound_of
+from tvm_roller.planner.verify import verify
 
 logger = logging.getLogger("tvm_roller")
 
@@ -42,6 +43,9 @@ class ScheduleOptions:
     bounds: Optional[dict] = None
     buckets: Optional[dict] = None
     symbolic: bool = True
+    # the wrong-result guard: each kernel run once against TVM's default build of the
+    # function (``planner.verify``); a mismatch is an error and the function falls back
+    verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
         _check_size(kernel)
         kernel = kernel.with_attr("tirx.is_scheduled", True)
         res = Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
+        if options.verify and res.executable is not None:
+            _verified(func, res, ctx)
     except UnsupportedError as err:
         res = _fallback(name, func, ctx, options, check, "decline", str(err), err)
     except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
@@ -114,6 +120,14 @@ def _check_size(kernel: tirx.PrimFunc) -> None:
     if nodes > MAX_KERNEL_NODES:
         raise UnsupportedError(f"the kernel's expressions hold over {MAX_KERNEL_NODES} nodes: "
                                "compiling it would take minutes")
+
+
+def _verified(func: tirx.PrimFunc, res: Scheduled, ctx: Context) -> None:
+    """Roller's build of ``func`` checked against TVM's default (WrongResultError if not)."""
+    verdict = verify(func, res.executable, ctx)
+    res.entry.verified = verdict.detail
+    if not verdict.ok:
+        raise WrongResultError(verdict.detail)
 
 
 def _set_bound(entry: FuncReport, b: Optional[Bound]) -> None:

@@ -76,7 +76,7 @@ def _cmd_compile_model(args: argparse.Namespace) -> int:
     model, x = load_model(args.model, args.input_shape)
     result = compile_model(model, tuple(x.shape), _target(args.target), name=args.model,
                            cache=not args.no_cache, tvm_default=not args.no_tvm_default,
-                           example=x)
+                           example=x, verify=args.verify)
     print(format_result(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-tvm-default", action="store_true",
                    help="skip building/timing TVM's default (unscheduled) build")
     m.add_argument("--tol", type=float, default=1e-3, help="max abs error allowed (default 1e-3)")
+    m.add_argument("--verify", action="store_true",
+                   help="check every kernel once against TVM's default build of its function "
+                        "(a mismatch falls back, reported as an error)")
     m.add_argument("--json", metavar="OUT", default=None, help="write the result as JSON")
     m.set_defaults(fn=_cmd_compile_model)
 

@@ -117,10 +117,11 @@ def _time_vm(ex, arg, min_s: float = 1.0) -> Tuple[float, np.ndarray]:
 
 def compile_model(model, input_shape: Sequence[int], target=None, name: str = "model",
                   cache: bool = True, tvm_default: bool = True, seed: int = 0,
-                  min_time_s: float = 1.0, example=None) -> ModelResult:
+                  min_time_s: float = 1.0, example=None, verify: bool = False) -> ModelResult:
     """Import ``model`` (an ``nn.Module``), compile it with roller, run it on random input (or
     on ``example``: token ids, ...) and compare with PyTorch; optionally also build and time
-    TVM's default (unscheduled) build."""
+    TVM's default (unscheduled) build. ``verify``: the wrong-result guard for every function
+    (``tvm_roller.relax.compile(verify=True)``)."""
     import torch
     import tvm
 
@@ -135,7 +136,7 @@ def compile_model(model, input_shape: Sequence[int], target=None, name: str = "m
 
     report: List[dict] = []
     t0 = time.perf_counter()
-    ex = roller_relax.compile(mod, ctx, report, cache=cache)
+    ex = roller_relax.compile(mod, ctx, report, cache=cache, verify=verify)
     compile_s = time.perf_counter() - t0
     cached = bool(report) and all(r.get("cached") for r in report)
 

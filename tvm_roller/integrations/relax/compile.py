@@ -16,7 +16,8 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
             device: Optional[DeviceModel] = None, cache: CacheArg = True,
             fast_math: bool = True, progress: Optional[bool] = None,
             chains: Optional[list] = None, fuse_chains: bool = True,
-            conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None):
+            conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None,
+            verify: bool = False):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.cache.modules`) under
@@ -26,10 +27,12 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     library (``cached`` set). ``chains`` gets the fusion decision for each matmul chain (not on
     a cache hit). ``buckets``: see :func:`~tvm_roller.relax.schedule_pass` (a model with a
     dynamic dimension is compiled once for every value of it; each function's report entry
-    lists its bucket kernels)."""
+    lists its bucket kernels). ``verify``: the wrong-result guard (see
+    :func:`~tvm_roller.relax.schedule_pass`): each kernel checked once against TVM's default
+    build of its function; opt-in, it runs every function twice at compile time."""
     ctx = Context.make(target, device, schedule_cache(cache))
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
-               "conv_layouts": conv_layouts}
+               "conv_layouts": conv_layouts, "verify": verify}
     if buckets:
         options["buckets"] = {str(k): sorted(int(e) for e in v) for k, v in buckets.items()}
     mcache = None if ctx.cache is None else ModuleCache()
@@ -45,7 +48,8 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     with ctx.pass_context():
         ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
             ctx, entries, progress=progress, fast_math=fast_math, chains=chains,
-            fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets))
+            fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
+            verify=verify))
     if report is not None:
         report.extend(entries)
     if mcache is not None:

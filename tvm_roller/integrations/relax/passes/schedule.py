@@ -30,14 +30,16 @@ def schedule_cache(cache: CacheArg) -> Optional[ScheduleCache]:
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
                   cache: CacheArg = True, progress: Optional[bool] = None,
-                  buckets: Optional[dict] = None) -> tvm.transform.Pass:
+                  buckets: Optional[dict] = None, verify: bool = False) -> tvm.transform.Pass:
     """A module pass that schedules every unscheduled PrimFunc with roller.
 
     ``target``: a target or the planner's :class:`Context`. ``cache``: see
     :func:`schedule_cache`. ``progress``: a tqdm bar over functions; None = only for modules
     with many functions. A function with symbolic extents is planned per bucket of its shape
     variables, within the bounds the module's Relax functions give them; ``buckets`` (variable
-    name -> bucket upper ends) replaces the default powers of two. ``report`` gets one dict per
+    name -> bucket upper ends) replaces the default powers of two. ``verify``: each kernel run
+    once against TVM's default build of its function on random inputs; one that differs is an
+    error entry and the function falls back (``planner.verify``). ``report`` gets one dict per
     PrimFunc (:class:`~tvm_roller.planner.FuncReport`)."""
     ctx = Context.make(target, device, schedule_cache(cache))
 
@@ -45,7 +47,7 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         todo = [(gv, f) for gv, f in mod.functions_items()
                 if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
-        options = ScheduleOptions(module_bounds(mod), buckets)
+        options = ScheduleOptions(module_bounds(mod), buckets, verify=verify)
         entries: List[FuncReport] = []
         for gv, func in _progress(todo, progress):
             t0 = time.perf_counter()
