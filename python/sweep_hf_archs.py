@@ -10,7 +10,7 @@ child process (a crash or a hang is a counted row). In it: the model is exported
 (``torch.export``) and compiled cold (no cache); every contender's output is compared with
 PyTorch's; then all are timed in one interleaved run, each in its own short blocks
 (``tools.bench.interleaved``); roller's kernels are profiled against their roofline bounds
-(``tools.profile_model``). ONNX Runtime: CPU EP, ``ORT_ENABLE_ALL``, the model exported with
+(``tools.profile_model``, before any other runtime is loaded). ONNX Runtime: CPU EP, ``ORT_ENABLE_ALL``, the model exported with
 ``torch.onnx.export`` (dynamo, opset 18; else TorchScript, opset 17). OpenVINO: ``convert_model``
 from PyTorch, CPU, ``LATENCY`` hint, ``INFERENCE_PRECISION_HINT=f32``. All with the machine's
 cores as threads. A peer that cannot convert a model is reported with its error, and the best
@@ -67,6 +67,8 @@ def run_one(arch: str, batch: int, inductor: bool) -> dict:
     row["stage"] = "run"
     runs = {"roller": lambda: vm["main"](arg)}
     errors = {"roller": float(np.abs(out - ref).max() / scale)}
+    # roller's kernels profiled before any other runtime exists (their idle threads spin)
+    kernels = profile(vm, arg, report, calls=5)
     contenders = [peers.make_eager(model, x)]
     if inductor:
         contenders.append(peers.make_inductor(model, x))
@@ -86,7 +88,6 @@ def run_one(arch: str, batch: int, inductor: bool) -> dict:
     for name, t in times.items():
         if name != "roller":
             row["peers"][name].update(ms=t["median_s"] * 1e3, spread=t["spread"])
-    kernels = profile(vm, arg, report, calls=3)
     row["flagged"] = [k.to_dict() for k in kernels if k.flag]
     row["slowest"] = [k.to_dict() for k in kernels[:6]]
     row["declined"] = [f"{e['name']}: {e['reason'][:160]}" for e in report

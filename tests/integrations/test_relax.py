@@ -353,3 +353,35 @@ def _reductions_of(func):
         func.body, lambda n: found.append(n) if isinstance(n, tvm.s_tir.SBlock) and any(
             int(iv.iter_type) == 2 for iv in n.iter_vars) else None)
     return found
+
+
+def test_top_k_measured_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
+    """``measure_topk``: each matmul's best predicted candidates are timed here, the fastest
+    kept (its report says how it was chosen) and stored, so a second compile reads it back."""
+    from tvm_roller.integrations.pytorch import import_torch
+
+    monkeypatch.setenv("TVM_ROLLER_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(96, 160), nn.ReLU(), nn.Linear(160, 48)).eval()
+    x = torch.from_numpy(rand((37, 96), seed=4))
+    mod = import_torch(model, x)
+    first: list = []
+    ex = rr.compile(mod, TARGET, first, measure_topk=3, fuse_chains=False)
+    measured = [e for e in first if e["measured"]]
+    assert measured and all(e["measured"].startswith("measured 3 candidates")
+                            for e in measured if e["kind"] == "tiled")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model.double()(x.double()).numpy()
+    assert_close(out, ref, 1e-5)
+    # the pipeline alone (relax.compile would load the whole module from its cache)
+    from tvm_roller.cache import ScheduleCache
+    from tvm_roller.integrations.relax import get_pipeline
+
+    again: list = []
+    with tvm.transform.PassContext(opt_level=3):
+        tvm.compile(mod, target=tvm_roller.hardware.normalize_target(TARGET),
+                    relax_pipeline=get_pipeline(TARGET, again, cache=ScheduleCache(),
+                                                measure_topk=3, fuse_chains=False))
+    assert [e["measured"] for e in again if e["measured"]] and \
+        all(e["measured"] == "measured before" for e in again if e["measured"])

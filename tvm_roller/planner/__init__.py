@@ -9,7 +9,7 @@ decline / error / un-group / fallback path and its report entry. ``plan``, ``sch
 """
 from tvm_roller.planner.api import build, explain, plan, schedule
 from tvm_roller.planner.buckets import DynamicPlan, lower_dynamic, plan_dynamic
-from tvm_roller.planner.context import Context
+from tvm_roller.planner.context import Context, Measure
 from tvm_roller.planner.lower import Lowered, PlannedSchedule, apply, lower, plan_and_lower
 from tvm_roller.planner.plan import Plan, plan_prepared
 from tvm_roller.planner.prepare import Prepared, prepare
@@ -17,7 +17,7 @@ from tvm_roller.planner.report import FuncReport, summarise
 from tvm_roller.planner.scheduling import (ScheduleOptions, Scheduled, default_schedule,
                                          is_scheduled, schedule_function)
 
-__all__ = ["Context", "prepare", "Prepared", "plan_prepared", "Plan", "lower", "apply", "Lowered",
+__all__ = ["Context", "Measure", "prepare", "Prepared", "plan_prepared", "Plan", "lower", "apply", "Lowered",
            "plan_and_lower", "PlannedSchedule", "plan_dynamic", "lower_dynamic", "DynamicPlan",
            "schedule_function", "Scheduled", "ScheduleOptions", "FuncReport", "summarise",
            "default_schedule", "is_scheduled", "plan", "schedule", "build", "explain"]

@@ -7,6 +7,7 @@ fails to apply, drop that entry and plan afresh.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -14,13 +15,14 @@ from typing import Optional
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.schedule import block_names
-from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.fusion import split
 from tvm_roller.fusion.decision import ChainDecision
 from tvm_roller.planner.context import Context
-from tvm_roller.planner.plan import Plan, plan_prepared
-from tvm_roller.planner.prepare import prepare
+from tvm_roller.planner.measure import measure_candidates
+from tvm_roller.planner.plan import Plan, bucket_material, plan_prepared, store_tiles
+from tvm_roller.planner.prepare import Prepared, prepare
 
 logger = logging.getLogger("tvm_roller")
 
@@ -42,11 +44,12 @@ class Lowered:
 @dataclass(frozen=True)
 class PlannedSchedule:
     """A function planned and its best tile lowered; ``from_cache``: its tiles (every part's)
-    came from the schedule cache."""
+    came from the schedule cache; ``measured``: how top-k measured chose it ("" unmeasured)."""
 
     plan: Plan
     lowered: Lowered
     from_cache: bool
+    measured: str = ""
 
     @property
     def schedule(self) -> s_tir.Schedule:
@@ -112,10 +115,16 @@ def schedule_alone(func, ctx: Context) -> s_tir.Schedule:
 
 
 def plan_and_lower(func, ctx: Context) -> PlannedSchedule:
-    """Plan ``func`` (through the context's cache) and apply its best tile. A tile from the
-    cache that fails to apply (written by a lowering that has since changed) is warned about,
-    its entry dropped, and the function planned afresh and stored."""
-    p = plan_prepared(prepare(func, ctx), 1)
+    """Plan ``func`` (through the context's cache) and apply its best tile (with
+    ``ctx.measure``: the fastest of its top-k on this machine). A tile from the cache that fails
+    to apply (written by a lowering that has since changed) is warned about, its entry dropped,
+    and the function planned afresh and stored."""
+    prep = prepare(func, ctx)
+    if ctx.measure is not None and not prep.parts:
+        measured = _measured(prep, ctx)
+        if measured is not None:
+            return measured
+    p = plan_prepared(prep, 1)
     cached = p.cached_leaves()
     if not cached:
         return PlannedSchedule(p, lower(p, p.tiles[0]), False)
@@ -127,3 +136,29 @@ def plan_and_lower(func, ctx: Context) -> PlannedSchedule:
                                               f"{type(err).__name__}: {err}")
     p = plan_prepared(prepare(func, ctx), 1, fresh=True)
     return PlannedSchedule(p, lower(p, p.tiles[0]), False)
+
+
+def _measured(prep: Prepared, ctx: Context) -> Optional[PlannedSchedule]:
+    """The fastest of the function's top-k, from the cache's measured entry or measured now
+    (and stored); None for a plan with nothing to choose (one candidate, a matmul chain)."""
+    m, fa, cache = ctx.measure, prep.analysis, ctx.cache
+    key = None if cache is None else cache.entry_key(
+        fa.func, ctx.target, ctx.device, {"measured": m.topk, "bucket": bucket_material(fa)})
+    hit = None if key is None else cache.lookup(key, 1)
+    if hit is not None:
+        tile = dataclasses.replace(hit[0], axes=[a.name for a in fa.axes])
+        try:
+            p = plan_prepared(prep, 1, tiles=[tile])
+        except InvalidTile as err:
+            cache.discard(key, f"tile does not fit the function: {err}")
+        else:
+            if p.chain is None:
+                return PlannedSchedule(p, lower(p, p.tiles[0]), True, "measured before")
+    p = plan_prepared(prep, m.topk)
+    if p.chain is not None or len(p.tiles) < 2:
+        return None
+    result = measure_candidates(p.tiles, lambda t: lower(p, t).schedule, ctx, m.budget_s)
+    p = dataclasses.replace(p, tiles=result.tiles)
+    if key is not None:
+        store_tiles(cache, key, p.tiles[:1], 1)
+    return PlannedSchedule(p, lower(p, p.tiles[0]), False, result.describe())

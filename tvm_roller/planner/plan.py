@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.backends.base import OpRule
-from tvm_roller.cache.schedules import EntryKey
+from tvm_roller.cache.schedules import EntryKey, ScheduleCache
 from tvm_roller.core.errors import CacheWarning, InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.fusion.chain import GemmChain, detect_chain
@@ -140,8 +140,14 @@ def _store(prep: Prepared, key: EntryKey, tiles: List[RTile], topk: int) -> None
         # user each compile); the plan itself is used as is
         logger.debug("not caching the plan of %s: %s", key.digest, err)
         return
+    store_tiles(cache, key, tiles, topk)
+
+
+def store_tiles(cache: ScheduleCache, key: EntryKey, tiles: Sequence[RTile], topk: int) -> None:
+    """Store ``tiles`` under ``key``; a cache that cannot be written is warned about once per
+    entry, and planning goes on without it."""
     try:
-        cache.store(key, tiles, topk)
+        cache.store(key, list(tiles), topk)
     except OSError as err:
         warnings.warn(f"cannot write the schedule cache in {cache.directory} ({err}); "
                       "continuing without it", CacheWarning, stacklevel=5)

@@ -38,6 +38,8 @@ class FuncReport:
     # with ``verify=True``: how roller's kernel compared with TVM's default build on random
     # inputs (``planner.verify``), or why it was not checked
     verified: str = ""
+    # with top-k measured (``relax.compile(measure_topk=k)``): how the kernel was chosen
+    measured: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -103,7 +103,7 @@ def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptio
         f"{'fused' if decision.fuse else 'unfused'}: {decision.reason}"
     tile = ps.plan.tiles[0]
     entry = FuncReport(name, "roller", tile.kind, tile.to_dict(), tile.predicted_s,
-                       cached=ps.from_cache, fusion=fusion)
+                       cached=ps.from_cache, fusion=fusion, measured=ps.measured)
     whole = ps.plan.decomposed.whole if ps.plan.decomposed else ps.plan.analysis
     _set_bound(entry, bound(whole, ctx.device))
     return ps.schedule.mod["main"], entry

@@ -2,9 +2,7 @@
 default build of the same function (opt-in: ``verify=True``), so a silently wrong kernel
 becomes an error entry and a fallback instead of a wrong model.
 
-Inputs are random and never zero for floats (a zero hides a kernel that reads the wrong place);
-integer inputs are zero (they may index another tensor: any other value could read out of
-bounds in both builds). Outputs start as NaN, so an element a kernel never writes shows. Only
+The arguments are ``planner.inputs``' (random floats never zero, integers zero, outputs NaN). Only
 functions with static shapes, for a target this machine runs, whose default build would run
 within the budget (TVM's unscheduled loops run at about 0.5 GFLOP/s) are checked; the others
 are reported as skipped, with the reason.
@@ -13,14 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Set
 
 import numpy as np
 import tvm
 from tvm import tirx
 
-from tvm_roller.analysis.visit import post_order_visit
 from tvm_roller.planner.context import Context
+from tvm_roller.planner.inputs import output_params, random_arguments
 from tvm_roller.planner.roofline import bound_of, param_bytes
 
 #: the unscheduled default build's rate, to estimate how long checking a function takes
@@ -48,9 +45,10 @@ def verify(func: tirx.PrimFunc, kernel_build, ctx: Context, budget_s: float = 2.
         func.with_attr("global_symbol", "main")
     reference = tvm.compile(ctx.backend.default_schedule(tvm.IRModule({"main": prim}),
                                                          ctx.target), target=ctx.target)
-    outputs = _output_params(func)
-    rng = np.random.default_rng(seed)
-    arrays = [_array(p, i in outputs, rng) for i, p in enumerate(func.params)]
+    outputs = output_params(func)
+    arrays = random_arguments(func, seed)
+    if any(a is None for a in arrays):
+        return Verdict(True, False, "skipped: scalar parameters")
     got = _run(kernel_build, arrays)
     want = _run(reference, arrays)
     worst = 0.0
@@ -73,31 +71,6 @@ def _why_not(func: tirx.PrimFunc, ctx: Context, budget_s: float) -> str:
     if estimate > budget_s:
         return f"TVM's default build would take about {estimate:.0f} s (budget {budget_s:g} s)"
     return ""
-
-
-def _output_params(func: tirx.PrimFunc) -> Set[int]:
-    """Indices of the parameters the function writes."""
-    written: List[object] = []
-    post_order_visit(func.body, lambda n: written.append(n.buffer.id_)
-                     if isinstance(n, tirx.BufferStore) else None)
-    return {i for i, p in enumerate(func.params) if p.id_ in set(written)}
-
-
-def _array(param, is_output: bool, rng) -> Optional[np.ndarray]:
-    shape = getattr(getattr(param, "ty", None), "shape", None)
-    if shape is None:
-        return None  # a scalar: not a buffer
-    dims = [int(d) for d in shape]
-    dtype = str(param.dtype)
-    if is_output:
-        return np.full(dims, np.nan, dtype) if "float" in dtype else np.zeros(dims, dtype)
-    if "float" in dtype:
-        x = rng.uniform(-1.0, 1.0, size=dims)
-        x[x == 0] = 0.5
-        return x.astype(dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, size=dims).astype(bool)
-    return np.zeros(dims, dtype)
 
 
 def _run(executable, arrays) -> list:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-from tvm_roller.tools.bench.measure import kernel_times
+from tvm_roller.tools.bench.measure import kernel_calls
 
 #: a kernel this many times its roofline bound or more is flagged (when it matters)
 FLAG_RATIO = 10.0
@@ -27,8 +27,9 @@ class KernelRow:
     """One kernel of the model: its time per model call and what roller said of it."""
 
     name: str
-    measured_s: float
+    measured_s: float  # all its invocations in one call of the model
     share: float  # of all kernels' time (VM builtins included)
+    invocations: int = 1  # per call of the model (a layer's kernel runs once a layer)
     status: str = ""  # roller / fallback; "" for a VM builtin (allocation, reshape, ...)
     kind: str = ""
     fallback: str = ""
@@ -40,7 +41,8 @@ class KernelRow:
 
     @property
     def over_bound(self) -> Optional[float]:
-        return self.measured_s / self.bound_s if self.bound_s else None
+        """One invocation's time over the bound (the bound is of one invocation)."""
+        return self.measured_s / self.invocations / self.bound_s if self.bound_s else None
 
     def to_dict(self) -> dict:
         return dict(asdict(self), over_bound=self.over_bound)
@@ -48,22 +50,22 @@ class KernelRow:
 
 def profile(vm, arg, report: List[dict], calls: int = 10) -> List[KernelRow]:
     """Every kernel ``vm["main"](arg)`` runs, slowest first, with its report entry and flag."""
-    times = kernel_times(vm, arg, calls)
-    total = sum(times.values()) or 1.0
+    times = kernel_calls(vm, arg, calls)
+    total = sum(t for t, _ in times.values()) or 1.0
     entries: Dict[str, dict] = {e["name"]: e for e in report}
     rows = []
-    for name, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
+    for name, (seconds, n) in sorted(times.items(), key=lambda kv: -kv[1][0]):
         e = entries.get(name, {})
-        row = KernelRow(name, seconds, seconds / total, e.get("status", ""), e.get("kind", ""),
-                        e.get("fallback", ""), e.get("reason", ""), e.get("bound_s"),
-                        e.get("bound_by", ""), e.get("predicted_s"))
+        row = KernelRow(name, seconds, seconds / total, max(n, 1), e.get("status", ""),
+                        e.get("kind", ""), e.get("fallback", ""), e.get("reason", ""),
+                        e.get("bound_s"), e.get("bound_by", ""), e.get("predicted_s"))
         row.flag = _flag(row)
         rows.append(row)
     return rows
 
 
 def _flag(row: KernelRow) -> str:
-    matters = row.measured_s >= FLAG_MIN_S or row.share >= FLAG_MIN_SHARE
+    matters = row.measured_s / row.invocations >= FLAG_MIN_S or row.share >= FLAG_MIN_SHARE
     if not matters or not row.status:
         return ""
     if row.bound_s is None:
@@ -79,11 +81,11 @@ def format_profile(rows: List[KernelRow], top: int = 25) -> str:
     """A table of the ``top`` slowest kernels and every flagged one, then the totals."""
     total = sum(r.measured_s for r in rows)
     shown = [r for i, r in enumerate(rows) if i < top or r.flag]
-    lines = [f"{'kernel':<56} {'ms':>8} {'share':>6} {'bound ms':>9} {'by':>7} {'x bound':>8} "
-             f"{'pred ms':>8}  flag"]
+    lines = [f"{'kernel':<56} {'ms':>8} {'calls':>5} {'share':>6} {'bound ms':>9} {'by':>7} "
+             f"{'x bound':>8} {'pred ms':>8}  flag"]
     for r in shown:
         lines.append(
-            f"{r.name[:56]:<56} {r.measured_s * 1e3:8.3f} {r.share:6.1%} "
+            f"{r.name[:56]:<56} {r.measured_s * 1e3:8.3f} {r.invocations:5d} {r.share:6.1%} "
             f"{_ms(r.bound_s):>9} {r.bound_by[:7]:>7} "
             f"{'-' if r.over_bound is None else f'{r.over_bound:.1f}':>8} "
             f"{_ms(r.predicted_s):>8}  {r.flag or ('(VM builtin)' if not r.status else '')}")

@@ -17,7 +17,7 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
             fast_math: bool = True, progress: Optional[bool] = None,
             chains: Optional[list] = None, fuse_chains: bool = True,
             conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None,
-            verify: bool = False):
+            verify: bool = False, measure_topk: int = 0):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.cache.modules`) under
@@ -29,10 +29,12 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     dynamic dimension is compiled once for every value of it; each function's report entry
     lists its bucket kernels). ``verify``: the wrong-result guard (see
     :func:`~tvm_roller.relax.schedule_pass`): each kernel checked once against TVM's default
-    build of its function; opt-in, it runs every function twice at compile time."""
+    build of its function; opt-in, it runs every function twice at compile time.
+    ``measure_topk``: top-k measured (opt-in): each function's best k candidates timed on this
+    machine, the fastest kept in the schedule cache (a later compile reads it back)."""
     ctx = Context.make(target, device, schedule_cache(cache))
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
-               "conv_layouts": conv_layouts, "verify": verify}
+               "conv_layouts": conv_layouts, "verify": verify, "measure_topk": measure_topk}
     if buckets:
         options["buckets"] = {str(k): sorted(int(e) for e in v) for k, v in buckets.items()}
     mcache = None if ctx.cache is None else ModuleCache()
@@ -49,7 +51,7 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
         ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
             ctx, entries, progress=progress, fast_math=fast_math, chains=chains,
             fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
-            verify=verify))
+            verify=verify, measure_topk=measure_topk))
     if report is not None:
         report.extend(entries)
     if mcache is not None:

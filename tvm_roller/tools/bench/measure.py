@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,18 @@ def run_isolated(script: str, args: Sequence[str], out_flag: str = "--out",
 
 
 def kernel_times(vm, arg, calls: int) -> Dict[str, float]:
-    """Seconds per call of each PrimFunc the VM runs for ``vm["main"](arg)`` (its instrument)."""
+    """Seconds per call of the model of each PrimFunc the VM runs for ``vm["main"](arg)`` (its
+    instrument): all of a kernel's invocations in one call of the model together."""
+    return {name: t for name, (t, _) in kernel_calls(vm, arg, calls).items()}
+
+
+def kernel_calls(vm, arg, calls: int) -> Dict[str, Tuple[float, int]]:
+    """(seconds, invocations) per call of the model of each PrimFunc the VM runs for
+    ``vm["main"](arg)`` (a kernel the model calls in every layer runs several times)."""
     from tvm import relax
 
     acc: Dict[str, float] = collections.defaultdict(float)
+    count: Dict[str, int] = collections.defaultdict(int)
     start: Dict[str, float] = {}
 
     def instrument(func, name, before_run, ret_value, *rest):
@@ -58,13 +66,15 @@ def kernel_times(vm, arg, calls: int) -> Dict[str, float]:
             start[name] = time.perf_counter()
         else:
             acc[name] += time.perf_counter() - start[name]
+            count[name] += 1
         return relax.VMInstrumentReturnKind.NO_OP
 
+    vm["main"](arg)  # untimed: the first call allocates
     vm.set_instrument(instrument)
     for _ in range(calls):
         vm["main"](arg)
     vm.set_instrument(None)
-    return {name: t / calls for name, t in acc.items()}
+    return {name: (t / calls, count[name] // calls) for name, t in acc.items()}
 
 
 def slowest(times: Dict[str, float], top: int) -> List[tuple]:

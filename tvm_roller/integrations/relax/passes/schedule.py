@@ -11,7 +11,7 @@ from tvm import tirx
 from tvm_roller.cache.schedules import ScheduleCache
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
-from tvm_roller.planner import (Context, FuncReport, ScheduleOptions, is_scheduled,
+from tvm_roller.planner import (Context, FuncReport, Measure, ScheduleOptions, is_scheduled,
                                 schedule_function, summarise)
 
 # Show a progress bar when a module has at least this many PrimFuncs to schedule.
@@ -30,7 +30,8 @@ def schedule_cache(cache: CacheArg) -> Optional[ScheduleCache]:
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
                   cache: CacheArg = True, progress: Optional[bool] = None,
-                  buckets: Optional[dict] = None, verify: bool = False) -> tvm.transform.Pass:
+                  buckets: Optional[dict] = None, verify: bool = False,
+                  measure_topk: int = 0) -> tvm.transform.Pass:
     """A module pass that schedules every unscheduled PrimFunc with roller.
 
     ``target``: a target or the planner's :class:`Context`. ``cache``: see
@@ -39,9 +40,12 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
     variables, within the bounds the module's Relax functions give them; ``buckets`` (variable
     name -> bucket upper ends) replaces the default powers of two. ``verify``: each kernel run
     once against TVM's default build of its function on random inputs; one that differs is an
-    error entry and the function falls back (``planner.verify``). ``report`` gets one dict per
-    PrimFunc (:class:`~tvm_roller.planner.FuncReport`)."""
-    ctx = Context.make(target, device, schedule_cache(cache))
+    error entry and the function falls back (``planner.verify``). ``measure_topk`` (> 1): each
+    function's best ``measure_topk`` candidates built and timed on this machine, the fastest
+    kept and cached (``planner.measure``). ``report`` gets one dict per PrimFunc
+    (:class:`~tvm_roller.planner.FuncReport`)."""
+    ctx = Context.make(target, device, schedule_cache(cache),
+                       Measure(measure_topk) if measure_topk > 1 else None)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerSchedule")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
