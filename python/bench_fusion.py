@@ -44,7 +44,8 @@ def _ops(batch, m, k, l, n, middle):  # noqa: E741
     matmuls (``fusion.operators``) and the stage between them on a placeholder, if any."""
     from tvm import te
 
-    from tvm_roller.fusion import operators, workloads
+    from tvm_roller.fusion import operators
+    from tvm_roller.tools.bench import chains as workloads
     from tvm_roller.fusion.chain import detect_chain
 
     chain_func = workloads.gemm_chain(batch, m, k, l, n, middle)
