@@ -44,8 +44,10 @@ class OpRule(ABC):
 
     @abstractmethod
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
-              dev: DeviceModel) -> s_tir.Schedule:
-        """``tile`` applied to ``func``: a schedule (``tile`` and ``fa`` stay unchanged)."""
+              dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
+        """``tile`` applied to ``func``: a schedule (``tile`` and ``fa`` stay unchanged).
+        ``traceable``: the schedule's trace must replay on ``func`` itself (MetaSchedule
+        records, bucket traces), so no rewrite of the function before scheduling."""
 
     def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
         """Raise InvalidTile unless ``tile`` (e.g. from a cache) fits ``fa`` as this rule's

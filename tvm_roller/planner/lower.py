@@ -65,7 +65,7 @@ def lower(p: Plan, tile: RTile, traceable: bool = False) -> Lowered:
         return Lowered(_lower_parts(p, tile, traceable))
     func = p.analysis.func
     if p.chain is None:
-        return Lowered(p.rule.lower(func, p.analysis, tile, p.device))
+        return Lowered(p.rule.lower(func, p.analysis, tile, p.device, traceable))
     decision = p.fusion
     if decision.fuse or traceable:
         try:

@@ -13,6 +13,7 @@ from tvm_roller.analysis.schedule import (add_unit_loops, attempt, block_names, 
 from tvm_roller.backends.cpu.loops import (block_2d, element_steps, is_copy, is_vectorized,
                                            parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
+from tvm_roller.backends.cpu.reduction_split import split_unaligned_reductions
 from tvm_roller.core.rtile import RTile
 
 
@@ -104,13 +105,16 @@ def _each_output_alone(sch: s_tir.Schedule, lanes: int, cores: int) -> s_tir.Sch
         if name not in outputs:
             inline_within(sch, sch.get_sblock(name))
     for name in block_names(sch):
-        parallel_vectorize_block(sch, sch.get_sblock(name), lanes, cores)
+        parallel_vectorize_block(sch, sch.get_sblock(name), lanes, cores, partition=True)
     return sch
 
 
-def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int) -> s_tir.Schedule:
-    sch = s_tir.Schedule(func)
+def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
+                    traceable: bool = False) -> s_tir.Schedule:
+    """``traceable``: no rewrite of ``func`` first (the trace must replay on it), so a
+    reduction over an unaligned row stays scalar there."""
     lanes = t.vector_lanes
+    sch = s_tir.Schedule(func if traceable else split_unaligned_reductions(func, lanes))
     if len(_output_blocks(sch)) > 1 and not any(is_reduction(sch, sch.get_sblock(n))
                                                 for n in block_names(sch)):
         return _each_output_alone(sch, lanes, cores)
@@ -165,7 +169,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
             else:
                 ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
                 if ls and not is_vectorized(sch, ls[-1]):
-                    vectorize_inner(sch, ls[-1], lanes)
+                    vectorize_inner(sch, ls[-1], lanes, partition=True)
         return sch
 
     # few rows: parallelize inside the heavy reduction, the rest is tiny
@@ -174,7 +178,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int)
         if is_reduction(sch, blk):
             rfactor_vectorize_reduction(sch, blk, lanes, split_cores=cores)
         else:
-            parallel_vectorize_block(sch, blk, lanes, cores)
+            parallel_vectorize_block(sch, blk, lanes, cores, partition=True)
     return sch
 
 
@@ -221,7 +225,7 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int, cores: int) -> Non
     is parallelized and vectorized on its own."""
     if is_reduction(sch, block) and _reduce_columns(sch, block, lanes, cores):
         return
-    parallel_vectorize_block(sch, block, lanes, cores)
+    parallel_vectorize_block(sch, block, lanes, cores, partition=True)
 
 
 def _reduce_columns(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:

@@ -25,5 +25,5 @@ class StreamingRule(OpRule):
         return policy.construct_streaming(fa, dev, topk)
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
-              dev: DeviceModel) -> s_tir.Schedule:
-        return lower_streaming.apply_streaming(func, fa, tile, dev.num_units)
+              dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
+        return lower_streaming.apply_streaming(func, fa, tile, dev.num_units, traceable)

@@ -25,7 +25,7 @@ class TiledRule(TiledOpRule):
         return policy.construct_tiled(fa, dev, topk)
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
-              dev: DeviceModel) -> s_tir.Schedule:
+              dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
         return lower.apply_tiled(func, fa, tile)
 
     def describe(self, tile: RTile) -> List[str]:

@@ -25,5 +25,5 @@ class StreamingRule(OpRule):
         return policy.construct_streaming(fa, dev)
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
-              dev: DeviceModel) -> s_tir.Schedule:
+              dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
         return lower.apply_streaming(func, fa, tile, dev)

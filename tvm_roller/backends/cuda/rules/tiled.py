@@ -35,7 +35,7 @@ class TiledRule(TiledOpRule):
                 raise InvalidTile(str(err)) from err
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
-              dev: DeviceModel) -> s_tir.Schedule:
+              dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
         return lower.apply_tiled(func, fa, tile, dev)
 
     def describe(self, tile: RTile) -> List[str]:

@@ -1,0 +1,102 @@
+"""Row reductions over a row that is not a whole number of vectors (softmax over 197 or 1,214
+columns): split into an aligned, vectorized main part and a tail that continues its fold
+(``backends.cpu.reduction_split``), elementwise stages cut into whole vectors and one shorter
+one. Compared with float64 references at 1, prime and odd sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, topi
+
+import tvm_roller
+from conftest import TARGET, assert_close, build_and_check, device, rand, run, softmax
+from tvm_roller.backends.cpu.reduction_split import split_unaligned_reductions
+
+_REDUCTIONS = {
+    "sum": (lambda x: topi.sum(x, axis=-1), lambda a: a.sum(-1)),
+    "max": (lambda x: topi.max(x, axis=-1), lambda a: a.max(-1)),
+    "min": (lambda x: topi.min(x, axis=-1), lambda a: a.min(-1)),
+    "prod": (lambda x: topi.prod(x, axis=-1), lambda a: a.prod(-1)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_REDUCTIONS))
+@pytest.mark.parametrize("cols", [17, 37, 198])
+def test_rewrite_alone_is_exact(op, cols):
+    """The rewritten function, built by TVM's default lowering, computes the same fold."""
+    x = te.placeholder((5, cols), "float32", name="x")
+    make, ref = _REDUCTIONS[op]
+    y = make(x)
+    func = split_unaligned_reductions(te.create_prim_func([x, y]), 16)
+    assert len(func.body.block.alloc_buffers) == 1  # the main part's buffer
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    a = rand((5, cols), seed=3)
+    if op == "prod":
+        a = (1.0 + 0.05 * a).astype("float32")  # a product of 198 values in range
+    out = run(lib["main"], [a], y.shape, "float32")
+    assert_close(out, ref(a.astype(np.float64)), 1e-5)
+
+
+@pytest.mark.parametrize("cols", [1, 8, 16, 64])
+def test_aligned_or_short_rows_unchanged(cols):
+    x = te.placeholder((3, cols), "float32", name="x")
+    func = te.create_prim_func([x, topi.sum(x, axis=-1)])
+    assert split_unaligned_reductions(func, 16).same_as(func)
+
+
+def test_symbolic_row_unchanged():
+    n = te.var("n")
+    x = te.placeholder((4, n), "float32", name="x")
+    func = te.create_prim_func([x, topi.sum(x, axis=-1)])
+    assert split_unaligned_reductions(func, 16).same_as(func)
+
+
+@pytest.mark.parametrize("shape", [(12, 198, 198), (3, 1214), (2, 1500), (7, 17), (5, 1), (1, 31)])
+def test_softmax_unaligned_rows(shape):
+    x = te.placeholder(shape, "float32", name="x")
+    build_and_check([x, topi.nn.softmax(x, axis=-1)], softmax)
+
+
+@pytest.mark.parametrize("shape", [(197, 768), (13, 37), (1, 1)])
+def test_layer_norm_unaligned_rows(shape):
+    x = te.placeholder(shape, "float32", name="x")
+    g = te.placeholder(shape[-1:], "float32", name="g")
+    b = te.placeholder(shape[-1:], "float32", name="b")
+    y = topi.nn.layer_norm(x, g, b, axis=[-1], epsilon=1e-5)
+
+    def ref(a, gg, bb):
+        mu = a.mean(-1, keepdims=True)
+        return (a - mu) / np.sqrt(((a - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * gg + bb
+
+    build_and_check([x, g, b, y], ref)
+
+
+def test_unaligned_softmax_is_vectorized():
+    """Both reductions of a 198-wide softmax reach rfactor'ed vector lanes, and no stage keeps
+    a predicated (scalarized) vector loop."""
+    x = te.placeholder((12, 198, 198), "float32", name="x")
+    func = te.create_prim_func([x, topi.nn.softmax(x, axis=-1)])
+    sch = tvm_roller.schedule(func, TARGET, device=device())
+    text = sch.mod.script()
+    assert text.count("_main_rf") >= 4, text  # two rfactor'ed partial-sum buffers, each used
+    assert "T.where" not in text, text
+
+
+def test_traceable_schedule_replays_on_the_function():
+    """With ``traceable`` (MetaSchedule records) the function is not rewritten: its trace
+    replays on the function itself."""
+    x = te.placeholder((6, 198), "float32", name="x")
+    func = te.create_prim_func([x, topi.nn.softmax(x, axis=-1)])
+    p = tvm_roller.planner.plan(func, TARGET, device=device())
+    sch = tvm_roller.planner.apply(p, p.tiles[0], traceable=True)
+    replay = s_tir.Schedule(p.analysis.func)  # the planned function (fast math applied)
+    sch.trace.apply_to_schedule(replay, remove_postproc=False)
+    tvm.ir.assert_structural_equal(replay.mod, sch.mod)
+
+
+def test_int64_extents():
+    """Relax's legalized functions index in int64: the split's bounds take that type."""
+    x = te.placeholder((tvm.tirx.IntImm("int64", 3), tvm.tirx.IntImm("int64", 198)), "float32",
+                       name="x")
+    build_and_check([x, topi.nn.softmax(x, axis=-1)], softmax)
