@@ -140,3 +140,23 @@ def test_explain_shows_padding():
     text = tvm_roller.explain(te.create_prim_func(_mm(197, 768, 768)), TARGET, device=device(),
                               topk=1)
     assert "alignment: axis" in text and "197 padded to" in text and "eps 10%" in text
+
+
+@pytest.mark.parametrize("k", [1214, 3073, 607])
+def test_reduction_chunk_pads_k(k):
+    """A K with no L1-sized divisor (1,214 = 2 x 607, primes) gets an L1 chunk shorter than K
+    by padding K (waste <= RED_PAD_EPS, zero-filled), said in the notes; the result is exact."""
+    fa, t = _tile(96, k, 64)
+    r = fa.reduction[0]
+    assert t.l1[r] < k, t.l1
+    pad = -(-k // t.l1[r]) * t.l1[r]
+    if pad != k:
+        assert padding_waste(k, pad) <= policy.RED_PAD_EPS
+        assert any(f"{k} padded to {pad} for {t.l1[r]}-long L1 chunks" in n for n in t.notes)
+    _check_te(96, k, 64)
+    _check_te(13, k, 17, bias=True)
+
+
+def test_reduction_not_padded_without_eps():
+    _, t = _tile(96, 1214, 64, pad_eps=0.0)
+    assert 1214 % t.l1[2] == 0, t.l1

@@ -21,22 +21,28 @@ def is_vectorized(sch: s_tir.Schedule, loop) -> bool:
     return int(sch.get(loop).kind) == 2  # ForKind.VECTORIZED
 
 
-def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = False) -> None:
+def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = False,
+                    valid: Optional[int] = None) -> None:
     """Vectorize ``loop`` in ``lanes``-wide vectors. A loop that is not a whole number of
     vectors gets a predicated last vector, which TVM emits as scalar code for the whole loop;
     ``partition`` (callers with nothing to schedule under the loop afterwards) cuts it instead
-    into whole vectors and one shorter vector (``loop_partition``: new blocks)."""
+    into whole vectors and a short rest (``loop_partition``: new blocks). ``valid``: the first
+    ``valid`` iterations take no branch (a padding copy's source row), the rest may: the cut
+    falls within them, so the whole vectors carry no condition."""
     ext = extent(sch, loop)
     if ext is None or ext <= 1:
         return
     if ext <= lanes and not plain_splits_active():
         sch.vectorize(loop)
         return
-    if partition and ext % lanes and not plain_splits_active():
-        whole, rest = sch.loop_partition(loop, [ext - ext % lanes, None])
+    limit = ext if valid is None else min(valid, ext)
+    cut = limit - limit % lanes
+    if partition and 0 < cut < ext and not plain_splits_active():
+        whole, rest = sch.loop_partition(loop, [cut, None])
         _, inner = sch.split(whole, [None, lanes])
         sch.vectorize(inner)
-        sch.vectorize(rest)
+        if ext - cut <= lanes:  # (a longer rest, past a padding copy's source, stays serial:
+            sch.vectorize(rest)  # its branch would scalarize it, and TVM cannot split it)
         return
     # (a trace to replay on symbolic extents splits even a short loop: its extent may be a
     # variable there, and a whole loop is vectorized only at a constant extent)
@@ -45,7 +51,7 @@ def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = Fal
 
 
 def parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int,
-                             partition: bool = False) -> None:
+                             partition: bool = False, valid: Optional[int] = None) -> None:
     """A leftover injective block: fused loops, parallel outer, vectorized inner (``partition``:
     see :func:`vectorize_inner`). A leftover reduction (a mean feeding a variance) gets its row
     loops parallel, its reduction serial."""
@@ -71,13 +77,13 @@ def parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int,
         outer = sch.fuse(*loops[:-1])
         if (extent(sch, outer) or 1) > 1:
             sch.parallel(outer)
-        vectorize_inner(sch, inner, lanes, partition)
+        vectorize_inner(sch, inner, lanes, partition, valid)
     elif ext >= 2 * lanes * cores:
         o, i = sch.split(inner, [None, lanes])
         sch.parallel(o)
         sch.vectorize(i)
     else:
-        vectorize_inner(sch, inner, lanes, partition)
+        vectorize_inner(sch, inner, lanes, partition, valid)
 
 
 def element_steps(blk: tirx.Block) -> Optional[List[List[int]]]:

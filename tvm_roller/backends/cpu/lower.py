@@ -12,7 +12,7 @@ inlined into the main block. Memory-bound functions: ``lower_streaming``.
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
 from tvm import s_tir, tirx
 
@@ -133,6 +133,9 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         pair = None if is_reduction(sch, blk) else transposed_pair(sch, blk, lanes)
         if pair is not None:  # a transposed operand (NT batch matmul): 2-D blocks, not rows
             block_2d(sch, blk, pair, lanes, t.num_tasks)
+        elif name in in_pads:  # whole vectors of the source row without the pad's branch
+            parallel_vectorize_block(sch, blk, lanes, t.num_tasks, partition=True,
+                                     valid=_source_row(sch, blk))
         else:
             parallel_vectorize_block(sch, blk, lanes, t.num_tasks)
     for name in padded:
@@ -178,18 +181,31 @@ def _fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> Li
     return left
 
 
+def _source_row(sch: s_tir.Schedule, block) -> Optional[int]:
+    """The innermost extent of the one buffer a padding copy reads (None: several, or not
+    constant)."""
+    reads = {r.source.id_: r.source for r in sch.get(block).reads}
+    if len(reads) != 1:
+        return None
+    last = list(reads.values())[0].shape[-1]
+    return int(last.value) if isinstance(last, tirx.IntImm) else None
+
+
 def _write_shape(sch: s_tir.Schedule, name: str) -> List[int]:
     return [int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape]
 
 
 def _pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
-    """Pad the main block's spatial axes up to multiples of the register tile (``pad_einsum``)
-    when the tile does not divide them, so that no split needs a predicate (a dynamic axis:
+    """Pad the main block's spatial axes up to multiples of the register tile, and a reduction
+    axis up to a multiple of its L1 chunk (``pad_einsum``, zero-filled inputs) when the tile
+    does not divide them, so that no split needs a predicate (a dynamic axis:
     to a multiple of its task tile, or of its reduction chunk). Returns the
     (padded) extents, the output-cropping block's name (or None) and the input pad blocks.
     A block ``pad_einsum`` refuses keeps its extents (predicated splits)."""
     exts = [a.extent for a in fa.axes]
     factors = [r if a.kind == "S" and a.extent % r else 1 for a, r in zip(fa.axes, t.reg)]
+    factors = [c if a.kind == "R" and a.extent % c else f
+               for a, c, f in zip(fa.axes, t.l1, factors)]
     for i in fa.dynamic_axes:
         # replayed on a symbolic extent: padded to the outermost split's step, which then
         # divides it and no split needs a predicate in the micro-kernel

@@ -36,6 +36,10 @@ L2_FILL = 0.5
 # Cache (L1/L2/task) tiles divide the padded extent. See BENCHMARKS.md "Irregular extents".
 PAD_EPS = 0.10
 REG_PAD_EPS = PAD_EPS
+# The same for a reduction axis with no L1-sized chunk that divides it (K = 1,214 = 2 x 607:
+# the only chunk was the whole K, whose A rows outgrow L1, 76 GFLOP/s; padded to 1,216 for
+# 32-long chunks, zero-filled: 153). A smaller epsilon: every padded step is a whole K-step.
+RED_PAD_EPS = 0.02
 _TIE = 0.02  # predictions this close to the best are ranked as equal (the model's precision)
 
 
@@ -115,9 +119,10 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
 
 def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction: bool,
                  lanes: int, line_elems: int, fixed_red: Optional[Tile] = None,
-                 padded: Optional[Sequence[int]] = None) -> List[Tile]:
+                 padded: Optional[Sequence[int]] = None, red_eps: float = 0.0) -> List[Tile]:
     """Grow spatial multiples of ``base`` (and, at L1, reduction chunks) within ``cap_bytes``;
-    spatial sizes divide the (register-padded) extent."""
+    spatial sizes divide the (register-padded) extent, reduction chunks divide the reduction
+    axis or pad it by at most ``red_eps``."""
     steps: List[List[int]] = []
     start = list(base)
     inner_red = _innermost_reduction(fa)
@@ -130,7 +135,7 @@ def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction:
             steps.append(sorted(set(sizes) | {b}))
         elif grow_reduction:
             unit = line_elems if i == inner_red and a.extent >= line_elems else 1
-            steps.append(aligned_steps(a.extent, unit, eps=0.0,
+            steps.append(aligned_steps(a.extent, unit, eps=red_eps,
                                        multiples=tuple(range(1, 257))))
             start[i] = steps[-1][0]
         else:
@@ -243,6 +248,13 @@ def _bucket_waste(fa: FuncAnalysis, l1: Tile, l2: Tile) -> float:
     return work - 1.0
 
 
+def _chunk_notes(fa: FuncAnalysis, l1: Tile) -> List[str]:
+    return [f"axis {a.name}: {a.extent} padded to {ceil_div(a.extent, c) * c} for "
+            f"{c}-long L1 chunks (waste {padding_waste(a.extent, c):.1%} <= eps "
+            f"{RED_PAD_EPS:.0%}): pad_einsum, zero-filled inputs"
+            for a, c in zip(fa.axes, l1) if a.kind == "R" and a.extent % c]
+
+
 def _padding_notes(fa: FuncAnalysis, padded: Sequence[int], eps: float) -> List[str]:
     out = []
     for a, p in zip(fa.axes, padded):
@@ -271,7 +283,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
     for reg in regs:
         padded = padded_extents(fa, reg) if can_pad else [a.extent for a in fa.axes]
         l1s = _cache_level(fa, reg, dev.levels[0].capacity_bytes * L1_FILL, True, lanes,
-                           line_elems, padded=padded)
+                           line_elems, padded=padded, red_eps=RED_PAD_EPS if eps > 0 else 0.0)
         for l1 in l1s:
             l1 = _split_l1_for_parallelism(fa, reg, l1, dev.num_units, padded)
             l2s = _cache_level(fa, l1, dev.levels[1].capacity_bytes * L2_FILL, False, lanes,
@@ -283,7 +295,8 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
                           axis_kinds="".join(a.kind for a in fa.axes),
                           reg=list(reg), l1=list(l1), l2=list(l2),
                           vector_axis=fa.vector_axis, vector_lanes=lanes,
-                          notes=list(notes) + _padding_notes(fa, padded, eps))
+                          notes=list(notes) + _padding_notes(fa, padded, eps)
+                          + _chunk_notes(fa, l1))
                 predict_tiled(fa, dev, t)
                 cands.setdefault(t.key(), t)
     # ties: less padding first (the pad copies cost more than the model counts), then more
