@@ -35,7 +35,7 @@ from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass  #
 def build_model(name: str, layers: int, max_len: int):
     from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
-    from tvm_roller.tools.examples.hf_models import _LastHidden, _eval
+    from tvm_roller.tools.examples.hf_models import LastHidden, _eval
 
     torch.manual_seed(0)
     if name == "llama":
@@ -49,7 +49,7 @@ def build_model(name: str, layers: int, max_len: int):
         model = GPT2Model(cfg)
     cfg._attn_implementation = "eager"
     cfg.use_cache = False
-    return _eval(_LastHidden(model, "input_ids"))
+    return _eval(LastHidden(model, "input_ids"))
 
 
 def time_vm(ex, x, repeat_ms: int, repeat: int = 5) -> float:

@@ -1,10 +1,14 @@
 """Real HuggingFace architectures (random weights, real sizes) through roller's Relax pipeline,
-against PyTorch eager and ``torch.compile`` (inductor) in the same process.
+against PyTorch eager, ``torch.compile`` (inductor), ONNX Runtime and OpenVINO (f32) in the
+same process.
 
 For each model, in a fresh process with a fresh roller cache: export, compile cold, compile
-again (warm: the module cache), check against PyTorch, time roller, eager and inductor
-(batch 1, all cores), count the PrimFuncs roller scheduled / declined / failed on, and list the
-slowest kernels (Relax VM instrument). Prints a markdown table; ``--json`` keeps the raw rows.
+again (warm: the module cache), check against PyTorch, list the slowest kernels (Relax VM
+instrument, before any other runtime is loaded), then time roller and every peer in one
+interleaved run, each in its own short blocks (``tools.bench.contest``: the peers' exporters
+and settings are named there; a peer that cannot convert a model is reported as failing). Batch
+1, all cores. Counts the PrimFuncs roller scheduled / declined / failed on. Prints a markdown
+table; ``--json`` keeps the raw rows.
 
     python python/bench_hf_models.py [--models bert,gpt2,vit,resnet,mobilenet_v2,whisper_encoder]
                                      [--size full|small] [--no-inductor] [--json out.json]
@@ -19,20 +23,6 @@ import sys
 import time
 
 DEFAULT_MODELS = "bert,gpt2,vit,resnet,mobilenet_v2,whisper_encoder"
-
-
-def _median_time(fn, min_s: float = 1.0, min_runs: int = 5) -> float:
-    import numpy as np
-
-    for _ in range(2):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < min_s or len(times) < min_runs:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _kernel_profile(vm, arg, calls: int = 5, top: int = 8) -> list:
@@ -52,6 +42,7 @@ def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) 
     from tvm import relax
 
     from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.tools.bench import contest
     from tvm_roller.tools.examples import hf_models
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -76,57 +67,60 @@ def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) 
     out = vm["main"](arg)
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
     with torch.no_grad():
-        ref = model(x).numpy()
+        ref = model(x).numpy().astype(np.float64)
     rel = float(np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max())
-    roller_s = float(vm.time_evaluator("main", dev, number=1, repeat=10,
-                                       min_repeat_ms=300)(arg).median)
-    with torch.no_grad():
-        eager_s = _median_time(lambda: model(x))
     row = {"model": name, "size": size, "input": list(x.shape), "import_s": import_s,
-           "cold_s": cold_s, "warm_s": warm_s, "rel_err": rel, "roller_ms": roller_s * 1e3,
-           "eager_ms": eager_s * 1e3,
+           "cold_s": cold_s, "warm_s": warm_s, "rel_err": rel,
            "roller_funcs": sum(e["status"] == "roller" for e in report),
            "declined": [f"{e['name']}: {e['reason']}" for e in report
                         if e["fallback"] == "decline"],
            "errors": [f"{e['name']}: {e['reason']}" for e in report if e["fallback"] == "error"],
            "kernels": _kernel_profile(vm, arg)}
-    if inductor:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(x)
-            row["inductor_compile_s"] = time.perf_counter() - t0
-            row["inductor_ms"] = _median_time(lambda: compiled(x)) * 1e3
+    row.update(contest.against_peers(lambda: vm["main"](arg), model, x, ref,
+                                     len(os.sched_getaffinity(0)), inductor))
     print(f"{name}: cold {cold_s:.1f} s, warm {warm_s:.2f} s, rel err {rel:.1e}, roller "
-          f"{row['roller_ms']:.2f} ms, eager {row['eager_ms']:.2f} ms"
-          + (f", inductor {row['inductor_ms']:.2f} ms" if inductor else ""), file=sys.stderr)
+          f"{row['roller_ms']:.2f} ms, peers " + ", ".join(
+              f"{k} {p['ms']:.2f} ms" if "ms" in p else f"{k} fails"
+              for k, p in row["peers"].items()), file=sys.stderr)
     return row
 
 
-def _ratio(peer_ms, roller_ms) -> str:
-    return "-" if peer_ms is None else f"{peer_ms / roller_ms:.2f}x"
+_PEERS = ("eager", "inductor", "onnxruntime", "openvino")
 
 
 def _table(rows: list) -> str:
     import math
 
+    from tvm_roller.tools.bench.contest import best_peer
+
     lines = ["| model | input | max rel. err | compile cold / warm (s) | roller (ms) | eager (ms) "
-             "| inductor (ms) | x eager | x inductor | roller / declined / error funcs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = []
+             "| inductor (ms) | ONNX RT (ms) | OpenVINO (ms) | best peer | x best | x eager "
+             "| roller / declined / error funcs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    geo = {"best": [], "eager": []}
     for r in rows:
-        ind = r.get("inductor_ms")
-        ratios.append(r["eager_ms"] / r["roller_ms"])
+        cells = []
+        for name in _PEERS:
+            p = r["peers"].get(name)
+            cells.append("-" if p is None else (f"{p['ms']:.2f}" if "ms" in p else "fails"))
+        best = best_peer(r["peers"])
+        eager = r["peers"]["eager"].get("ms")
+        x_best = best[1] / r["roller_ms"] if best else None
+        x_eager = eager / r["roller_ms"] if eager else None
+        for key, v in (("best", x_best), ("eager", x_eager)):
+            if v:
+                geo[key].append(v)
         lines.append(
             f"| {r['model']} | {'x'.join(map(str, r['input']))} | {r['rel_err']:.1e} "
-            f"| {r['cold_s']:.1f} / {r['warm_s']:.2f} | {r['roller_ms']:.2f} "
-            f"| {r['eager_ms']:.2f} | {f'{ind:.2f}' if ind else '-'} "
-            f"| {r['eager_ms'] / r['roller_ms']:.2f}x "
-            f"| {_ratio(ind, r['roller_ms'])} "
+            f"| {r['cold_s']:.1f} / {r['warm_s']:.2f} | {r['roller_ms']:.2f} | "
+            + " | ".join(cells) + f" | {best[0] if best else '-'} "
+            f"| {'-' if x_best is None else f'{x_best:.2f}'} "
+            f"| {'-' if x_eager is None else f'{x_eager:.2f}'} "
             f"| {r['roller_funcs']} / {len(r['declined'])} / {len(r['errors'])} |")
-    if ratios:
-        geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-        lines.append(f"\ngeomean speed vs PyTorch eager: {geo:.2f}x")
+    for key, vs in geo.items():
+        if vs:
+            g = math.exp(sum(math.log(v) for v in vs) / len(vs))
+            lines.append(f"\ngeomean x {key}: {g:.2f} ({len(vs)} models, min {min(vs):.2f})")
     return "\n".join(lines)
 
 

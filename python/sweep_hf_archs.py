@@ -2,6 +2,7 @@
 settings), each checked and timed against PyTorch eager, inductor, ONNX Runtime and OpenVINO.
 
     python python/sweep_hf_archs.py [--archs bert,llama,...] [--batch 1] [--no-inductor]
+                                    [--tokens 128] [--layers 2]
                                     [--json out/sweep.json] [--timeout 1500]
 
 The architectures are ``tvm_roller.tools.examples.hf_archs`` (39: encoders, decoders, vision
@@ -28,7 +29,7 @@ import time
 PEERS = ("eager", "inductor", "onnxruntime", "openvino")
 
 
-def run_one(arch: str, batch: int, inductor: bool) -> dict:
+def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
     import warnings
 
     import numpy as np
@@ -40,15 +41,15 @@ def run_one(arch: str, batch: int, inductor: bool) -> dict:
 
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.planner import Context
-    from tvm_roller.tools.bench import interleaved, peers
+    from tvm_roller.tools.bench import contest
     from tvm_roller.tools.examples import hf_archs
     from tvm_roller.tools.profile_model import profile
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    model, x = hf_archs.build(arch, batch)
+    model, x = hf_archs.build(arch, batch, tokens, layers)
     row = {"arch": arch, "family": hf_archs.ARCHS[arch].family, "batch": batch,
-           "input": list(x.shape), "stage": "export"}
+           "layers": layers, "input": list(x.shape), "stage": "export"}
     with torch.no_grad():
         ref = model(x).numpy().astype(np.float64)
     scale = float(np.abs(ref).max()) or 1.0
@@ -65,29 +66,10 @@ def run_one(arch: str, batch: int, inductor: bool) -> dict:
     out = vm["main"](arg)
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
     row["stage"] = "run"
-    runs = {"roller": lambda: vm["main"](arg)}
-    errors = {"roller": float(np.abs(out - ref).max() / scale)}
+    row["rel_err"] = float(np.abs(out - ref).max() / scale)
     # roller's kernels profiled before any other runtime exists (their idle threads spin)
     kernels = profile(vm, arg, report, calls=5)
-    contenders = [peers.make_eager(model, x)]
-    if inductor:
-        contenders.append(peers.make_inductor(model, x))
-    contenders += [peers.make_onnxruntime(model, x, threads),
-                   peers.make_openvino(model, x, threads)]
-    row["peers"] = {}
-    for c in contenders:
-        info = {"setup_s": c.setup_s, "error": c.error, "notes": c.notes}
-        if c.run is not None:
-            info["rel_err"] = float(np.abs(c.output.astype(np.float64) - ref).max() / scale)
-            runs[c.name] = c.run
-        row["peers"][c.name] = info
-    times = interleaved.time_blocks(runs)
-    row["roller_ms"] = times["roller"]["median_s"] * 1e3
-    row["roller_spread"] = times["roller"]["spread"]
-    row["rel_err"] = errors["roller"]
-    for name, t in times.items():
-        if name != "roller":
-            row["peers"][name].update(ms=t["median_s"] * 1e3, spread=t["spread"])
+    row.update(contest.against_peers(lambda: vm["main"](arg), model, x, ref, threads, inductor))
     row["flagged"] = [k.to_dict() for k in kernels if k.flag]
     row["slowest"] = [k.to_dict() for k in kernels[:6]]
     row["declined"] = [f"{e['name']}: {e['reason'][:160]}" for e in report
@@ -100,10 +82,9 @@ def run_one(arch: str, batch: int, inductor: bool) -> dict:
 
 
 def best_peer(row: dict):
-    """(name, ms) of the fastest peer whose output matched (rel. error <= 1e-3), or None."""
-    ok = [(name, p["ms"]) for name, p in row.get("peers", {}).items()
-          if "ms" in p and p.get("rel_err", 1.0) <= 1e-3]
-    return min(ok, key=lambda kv: kv[1]) if ok else None
+    from tvm_roller.tools.bench.contest import best_peer as best
+
+    return best(row.get("peers", {}))
 
 
 def table(rows: list) -> str:
@@ -172,6 +153,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default=",".join(hf_archs.ARCHS))
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=hf_archs.TOKENS, help="text models' length")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="transformers' depth (default: the catalog's, 2)")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--timeout", type=int, default=1500)
     ap.add_argument("--json", default=None)
@@ -180,13 +164,16 @@ def main() -> int:
     args = ap.parse_args()
     if args.one:
         with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(run_one(args.one, args.batch, not args.no_inductor), fh)
+            json.dump(run_one(args.one, args.batch, not args.no_inductor, args.tokens,
+                              args.layers), fh)
         return 0
     from tvm_roller.tools.bench.measure import run_isolated, write_json
 
     rows = []
     for arch in args.archs.split(","):
-        opts = ["--one", arch, "--batch", str(args.batch)] + ["--no-inductor"] * args.no_inductor
+        opts = ["--one", arch, "--batch", str(args.batch), "--tokens", str(args.tokens)]
+        opts += ["--no-inductor"] * args.no_inductor
+        opts += ["--layers", str(args.layers)] if args.layers is not None else []
         t0 = time.perf_counter()
         run = run_isolated(__file__, opts, fresh_cache=False, capture=True, timeout=args.timeout)
         if run.row is not None:
@@ -202,8 +189,9 @@ def main() -> int:
               f"{r.get('roller_ms', 0):.2f} ms; best peer {best}", file=sys.stderr, flush=True)
         if args.json:
             write_json(args.json, rows)
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, batch {args.batch}, "
-          f"{len(os.sched_getaffinity(0))} threads\n")
+    depth = f"{args.layers} layers" if args.layers is not None else "the catalog's depth"
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, batch {args.batch}, {args.tokens} tokens, "
+          f"{depth}, {len(os.sched_getaffinity(0))} threads\n")
     print(table(rows))
     print(details(rows))
     return 0

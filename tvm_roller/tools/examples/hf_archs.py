@@ -10,12 +10,12 @@ in eval mode, wrapped to take one tensor and return its last hidden state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-from tvm_roller.tools.examples.hf_models import randomize_norm_statistics
+from tvm_roller.tools.examples.hf_models import LastHidden, randomize_norm_statistics
 
 TOKENS = 128
 
@@ -110,27 +110,25 @@ ARCHS: Dict[str, Arch] = {
 }
 
 
-class LastHidden(nn.Module):
-    """``model(input).last_hidden_state`` (or the first output): one tensor in, one out."""
-
-    def __init__(self, model: nn.Module, arg: str):
-        super().__init__()
-        self.model = model
-        self.arg = arg
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.model(**{self.arg: x})
-        hidden = getattr(out, "last_hidden_state", None)
-        return hidden if hidden is not None else out[0]
+#: the config keys that count a model's layers, by family of config
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 
 
-def build(name: str, batch: int = 1, tokens: int = TOKENS) -> Tuple[nn.Module, torch.Tensor]:
-    """The architecture ``name`` with random weights, and a random input for it."""
+def build(name: str, batch: int = 1, tokens: int = TOKENS,
+          layers: Optional[int] = None) -> Tuple[nn.Module, torch.Tensor]:
+    """The architecture ``name`` with random weights, and a random input for it (``tokens``
+    long for a text model; ``layers``: instead of the catalog's depth, for a transformer)."""
     import transformers
 
     arch = ARCHS[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, arch.config)(**arch.overrides)
+    overrides = dict(arch.overrides)
+    if layers is not None:
+        key = next((k for k in _LAYER_KEYS if k in overrides), None)
+        if key is None:
+            raise ValueError(f"{name} keeps its full depth: no layer count to set")
+        overrides[key] = layers
+    cfg = getattr(transformers, arch.config)(**overrides)
     cfg._attn_implementation = "eager"
     if arch.model == "WhisperEncoder":
         from transformers.models.whisper.modeling_whisper import WhisperEncoder

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 
-class _LastHidden(nn.Module):
-    """``model(x).last_hidden_state`` (or ``.logits``): a single tensor out."""
+class LastHidden(nn.Module):
+    """``model(**{arg: x}).last_hidden_state`` (else ``.logits``, else the first output): one
+    tensor in, one out."""
 
     def __init__(self, model: nn.Module, arg: str):
         super().__init__()
@@ -23,9 +24,11 @@ class _LastHidden(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(**{self.arg: x})
-        if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
-            return out.last_hidden_state
-        return out.logits
+        for name in ("last_hidden_state", "logits"):
+            value = getattr(out, name, None)
+            if value is not None:
+                return value
+        return out[0]
 
 
 class _WithMask(nn.Module):
@@ -86,7 +89,7 @@ def bert(size: str = "small", seq: int = 128, mask: bool = True):
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
         vocab_size=1000, max_position_embeddings=256))
     model = BertModel(cfg, add_pooling_layer=False)
-    wrapped = _WithMask(model) if mask else _LastHidden(model, "input_ids")
+    wrapped = _WithMask(model) if mask else LastHidden(model, "input_ids")
     return _eval(wrapped), _tokens(cfg.vocab_size, seq)
 
 
@@ -96,7 +99,7 @@ def gpt2(size: str = "small", seq: int = 128):
     cfg = _config(GPT2Config, size, dict(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
                                          n_positions=256))
     cfg.use_cache = False  # no key/value cache: its empty tensors do not export
-    return _eval(_LastHidden(GPT2Model(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
+    return _eval(LastHidden(GPT2Model(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
 
 
 def llama(size: str = "small", seq: int = 128):
@@ -109,7 +112,7 @@ def llama(size: str = "small", seq: int = 128):
     cfg = _config(LlamaConfig, size, dict(common, num_hidden_layers=2, vocab_size=1000),
                   dict(common, num_hidden_layers=12, vocab_size=32000))
     cfg.use_cache = False
-    return _eval(_LastHidden(LlamaModel(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
+    return _eval(LastHidden(LlamaModel(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
 
 
 def vit(size: str = "small"):
@@ -120,7 +123,7 @@ def vit(size: str = "small"):
         image_size=64, patch_size=8))
     model = ViTModel(cfg, add_pooling_layer=False)
     x = torch.randn(1, 3, cfg.image_size, cfg.image_size)
-    return _eval(_LastHidden(model, "pixel_values")), x
+    return _eval(LastHidden(model, "pixel_values")), x
 
 
 def resnet(size: str = "small"):
@@ -130,7 +133,7 @@ def resnet(size: str = "small"):
         embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
         layer_type="bottleneck"), attention=False)
     image = 224 if size == "full" else 64
-    return _eval(_LastHidden(ResNetModel(cfg), "pixel_values")), torch.randn(1, 3, image, image)
+    return _eval(LastHidden(ResNetModel(cfg), "pixel_values")), torch.randn(1, 3, image, image)
 
 
 def mobilenet_v2(size: str = "small"):
@@ -140,7 +143,7 @@ def mobilenet_v2(size: str = "small"):
                   attention=False)
     image = 224 if size == "full" else 64
     model = MobileNetV2Model(cfg, add_pooling_layer=False)
-    return _eval(_LastHidden(model, "pixel_values")), torch.randn(1, 3, image, image)
+    return _eval(LastHidden(model, "pixel_values")), torch.randn(1, 3, image, image)
 
 
 def whisper_encoder(size: str = "small"):
@@ -154,7 +157,7 @@ def whisper_encoder(size: str = "small"):
         num_mel_bins=80, max_source_positions=1500))
     frames = 2 * cfg.max_source_positions
     x = torch.randn(1, cfg.num_mel_bins, frames)
-    return _eval(_LastHidden(WhisperEncoder(cfg), "input_features")), x
+    return _eval(LastHidden(WhisperEncoder(cfg), "input_features")), x
 
 
 MODELS: Dict[str, Callable[..., Tuple[nn.Module, torch.Tensor]]] = {
