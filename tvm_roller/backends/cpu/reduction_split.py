@@ -109,6 +109,7 @@ def _folds_into(store: tirx.BufferStore) -> bool:
 
 
 def _uses(expr, var) -> bool:
+    # (a binding may be the bare loop variable, which analysis.visit, walking fields, skips)
     found = []
     tvm_ffi.structural_map(expr, (tirx.Var, lambda v: found.append(v) or v
                                   if v.same_as(var) else v))
