@@ -14,6 +14,7 @@ import pytest
 import tvm_roller
 from tvm_roller.tools.suite import baselines, references, tune_baselines, workloads
 from conftest import REPO_ROOT
+from tvm_roller.hardware.cpu import host_cpu
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def _target(mcpu=None):
     import tvm
 
     return tvm.target.Target({"kind": "llvm",
-                              "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(),
+                              "mcpu": mcpu or host_cpu(),
                               "num-cores": 2})
 
 

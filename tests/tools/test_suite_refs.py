@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tvm_roller.tools.suite import baselines, references, workloads
+from tvm_roller.hardware.cpu import host_cpu
 
 # Workloads whose unscheduled TVM build takes 4-30 s per run here (> 1 GFLOP): slow only.
 BIG = {("C3D", 0), ("C3D", 2), ("C3D", 3), ("GMM", 3)}
@@ -28,7 +29,7 @@ def host_target():
     import tvm
 
     # Same form as roller's normalized target; mcpu must be explicit (plain "llvm" = SSE only).
-    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+    return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(),
                               "num-cores": 2})
 
 
@@ -160,7 +161,7 @@ def _normalize(t):
     import tvm
 
     d = {"kind": t} if isinstance(t, str) else dict(t)
-    d.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
+    d.setdefault("mcpu", host_cpu())
     d.setdefault("num-cores", 2)
     return tvm.target.Target(d)
 

@@ -21,6 +21,7 @@ from tvm.target import codegen as _cg
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.ffi import plain
 from tvm_roller.hardware import calibration_store as _cache
+from tvm_roller.hardware.host_name import host_cpu_name
 from tvm_roller.hardware.model import DeviceModel, MemoryLevel
 from tvm_roller.hardware.presets import PRESET_FOR_ISA, cpu_peak_gflops, preset
 
@@ -61,8 +62,9 @@ _SIMD = {"avx512": 64, "avx2": 32, "sse": 16, "neon": 16}
 # host facts
 # ---------------------------------------------------------------------------------------------
 def host_cpu() -> str:
-    """LLVM's name for the host CPU (e.g. "znver4", "emeraldrapids")."""
-    return str(_cg.llvm_get_system_cpu())
+    """The host CPU's name for LLVM (e.g. "znver4", "emeraldrapids"): LLVM's own name unless
+    the host reports ISA extensions that name lacks (see ``hardware.host_name``)."""
+    return host_cpu_name().name
 
 
 def host_triple() -> str:

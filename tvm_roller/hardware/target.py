@@ -19,6 +19,7 @@ from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.ffi import plain
 from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware.cpu import arch_of, host_cpu, host_physical_cores, host_triple
+from tvm_roller.hardware.host_name import host_cpu_name
 
 
 _LIST_OPTS = {"mattr", "keys", "libs", "cl-opt"}
@@ -98,6 +99,8 @@ def _complete(target: TargetLike) -> Tuple[Target, List[str]]:
             changed = True
             how = "was not given" if not mcpu else "was 'native' (LLVM rejects it)"
             notes.append(f"mcpu {how}: completed from the host as {spec['mcpu']}")
+            if host_cpu_name().reason:
+                notes.append(host_cpu_name().reason)
     if not spec.get("num-cores"):
         if cross:
             notes.append("num-cores was not given for a cross target: left unset "
