@@ -42,6 +42,7 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.planner import Context
     from tvm_roller.tools.bench import contest
+    from tvm_roller.tools.bench.measure import fork_join_s
     from tvm_roller.tools.examples import hf_archs
     from tvm_roller.tools.profile_model import profile
 
@@ -59,7 +60,8 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ex = tvm_roller.relax.compile(mod, Context.make("llvm"), report, cache=False)
+        ctx = Context.make("llvm")
+        ex = tvm_roller.relax.compile(mod, ctx, report, cache=False)
     row["compile_s"] = time.perf_counter() - t0
     vm = relax.VirtualMachine(ex, tvm.cpu())
     arg = tvm.runtime.tensor(x.numpy())
@@ -68,7 +70,8 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
     row["stage"] = "run"
     row["rel_err"] = float(np.abs(out - ref).max() / scale)
     # roller's kernels profiled before any other runtime exists (their idle threads spin)
-    kernels = profile(vm, arg, report, calls=5)
+    kernels = profile(vm, arg, report, calls=5,
+                      fork_join_s=fork_join_s(ctx.target, ctx.device.num_units))
     row.update(contest.against_peers(lambda: vm["main"](arg), model, x, ref, threads, inductor))
     row["flagged"] = [k.to_dict() for k in kernels if k.flag]
     row["slowest"] = [k.to_dict() for k in kernels[:6]]

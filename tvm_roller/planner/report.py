@@ -38,6 +38,9 @@ class FuncReport:
     # with ``verify=True``: how roller's kernel compared with TVM's default build on random
     # inputs (``planner.verify``), or why it was not checked
     verified: str = ""
+    # the scheduled kernel's loop-nest facts (``analysis.kernel_facts``): why a kernel can sit
+    # far above its bound (parallel regions, vector lanes, strided or gathered accesses)
+    facts: Optional[dict] = None
     # with top-k measured (``relax.compile(measure_topk=k)``): how the kernel was chosen
     measured: str = ""
 

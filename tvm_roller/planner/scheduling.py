@@ -19,6 +19,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis import symbolic
+from tvm_roller.analysis.kernel_facts import kernel_facts
 from tvm_roller.analysis.size import tree_size
 from tvm_roller.backends.registry import backend_for, has_backend
 from tvm_roller.core.errors import UnsupportedError, WrongResultError, first_lines
@@ -71,6 +72,7 @@ def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
         _check_size(func)  # (analysing it would walk the same tree)
         kernel, entry = _kernel(name, func, ctx, options)
         _check_size(kernel)
+        entry.facts = kernel_facts(kernel).to_dict()
         kernel = kernel.with_attr("tirx.is_scheduled", True)
         res = Scheduled(kernel, entry, None, _build(kernel, ctx) if check else None)
         if options.verify and res.executable is not None:

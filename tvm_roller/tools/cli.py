@@ -100,6 +100,7 @@ def _cmd_profile_model(args: argparse.Namespace) -> int:
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.planner import Context
     from tvm_roller.tools.compile_model import load_model
+    from tvm_roller.tools.bench.measure import fork_join_s
     from tvm_roller.tools.profile_model import format_profile, profile
 
     model, x = load_model(args.model, args.input_shape, args.batch)
@@ -107,7 +108,8 @@ def _cmd_profile_model(args: argparse.Namespace) -> int:
     report: list = []
     ex = roller_relax.compile(import_torch(model, x), ctx, report, cache=not args.no_cache)
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    rows = profile(vm, tvm.runtime.tensor(x.numpy()), report, calls=args.calls)
+    rows = profile(vm, tvm.runtime.tensor(x.numpy()), report, calls=args.calls,
+                   fork_join_s=fork_join_s(ctx.target, ctx.device.num_units))
     print(f"{args.model}, input {tuple(x.shape)}, target {ctx.target}")
     print(format_profile(rows, top=args.top))
     if args.json:

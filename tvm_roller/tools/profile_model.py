@@ -37,7 +37,8 @@ class KernelRow:
     bound_s: Optional[float] = None
     bound_by: str = ""
     predicted_s: Optional[float] = None
-    flag: str = ""  # why it is flagged ("" when it is not)
+    facts: Optional[dict] = None  # the kernel's loop-nest facts (``analysis.kernel_facts``)
+    flag: str = ""  # that it is flagged and why ("" when it is not)
 
     @property
     def over_bound(self) -> Optional[float]:
@@ -48,8 +49,11 @@ class KernelRow:
         return dict(asdict(self), over_bound=self.over_bound)
 
 
-def profile(vm, arg, report: List[dict], calls: int = 10) -> List[KernelRow]:
-    """Every kernel ``vm["main"](arg)`` runs, slowest first, with its report entry and flag."""
+def profile(vm, arg, report: List[dict], calls: int = 10,
+            fork_join_s: float = 0.0) -> List[KernelRow]:
+    """Every kernel ``vm["main"](arg)`` runs, slowest first, with its report entry and flag;
+    ``fork_join_s``: what an empty parallel region costs here (``bench.measure.fork_join_s``),
+    to tell a kernel too small to reach its bound."""
     times = kernel_calls(vm, arg, calls)
     total = sum(t for t, _ in times.values()) or 1.0
     entries: Dict[str, dict] = {e["name"]: e for e in report}
@@ -58,23 +62,52 @@ def profile(vm, arg, report: List[dict], calls: int = 10) -> List[KernelRow]:
         e = entries.get(name, {})
         row = KernelRow(name, seconds, seconds / total, max(n, 1), e.get("status", ""),
                         e.get("kind", ""), e.get("fallback", ""), e.get("reason", ""),
-                        e.get("bound_s"), e.get("bound_by", ""), e.get("predicted_s"))
-        row.flag = _flag(row)
+                        e.get("bound_s"), e.get("bound_by", ""), e.get("predicted_s"),
+                        e.get("facts"))
+        row.flag = _flag(row, fork_join_s)
         rows.append(row)
     return rows
 
 
-def _flag(row: KernelRow) -> str:
+def _flag(row: KernelRow, fork_join_s: float) -> str:
     matters = row.measured_s / row.invocations >= FLAG_MIN_S or row.share >= FLAG_MIN_SHARE
     if not matters or not row.status:
         return ""
     if row.bound_s is None:
         return "no bound (symbolic shapes roller did not plan)"
-    if row.over_bound >= FLAG_RATIO:
-        why = f"{row.over_bound:.0f}x its {row.bound_by} bound"
-        return why + (f"; left to TVM's default ({row.fallback}: {row.reason[:80]})"
-                      if row.status == "fallback" else "")
-    return ""
+    if row.over_bound < FLAG_RATIO:
+        return ""
+    return f"{row.over_bound:.0f}x its {row.bound_by} bound: " + "; ".join(
+        _why(row, fork_join_s))
+
+
+def _why(row: KernelRow, fork_join_s: float) -> List[str]:
+    """What makes a kernel far from its bound, from its report entry and loop-nest facts."""
+    if row.status == "fallback":
+        return [f"left to TVM's default ({row.fallback}: {row.reason[:80]})"]
+    facts = row.facts or {}
+    why = []
+    regions = facts.get("parallel_regions", 0)
+    if regions and row.bound_s < 10 * regions * fork_join_s:
+        why.append(f"small: a {row.bound_s * 1e6:.1f} us bound against {regions} parallel "
+                   f"region(s) at {fork_join_s * 1e6:.1f} us each (fork/join, measured)")
+    if not regions:
+        why.append("serial: no parallel loop")
+    elif facts.get("parallel_extent", 0) == 1:
+        why.append("serial: a parallel loop of extent 1")
+    if not facts.get("vector_lanes"):
+        why.append("scalar: no vector loop")
+    for buf, step in sorted(facts.get("strided", {}).items()):
+        why.append(f"strided: the innermost loop steps {step} elements through {buf}")
+    for buf in facts.get("gathers", []):
+        why.append(f"gather: {buf} read through an index tensor")
+    if not why:
+        pred = row.predicted_s
+        why.append("unexplained: none of the loop-nest causes; roller predicted "
+                   + ("nothing" if pred is None else
+                      f"{pred * 1e6:.0f} us ({pred / row.bound_s:.1f}x the bound)")
+                   + ": the model misses what this kernel does")
+    return why
 
 
 def format_profile(rows: List[KernelRow], top: int = 25) -> str:

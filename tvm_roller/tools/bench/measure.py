@@ -77,6 +77,24 @@ def kernel_calls(vm, arg, calls: int) -> Dict[str, Tuple[float, int]]:
     return {name: (t / calls, count[name] // calls) for name, t in acc.items()}
 
 
+def fork_join_s(target, cores: int) -> float:
+    """Seconds one parallel region with nothing to do costs on ``target`` (TVM's thread pool
+    waking ``cores`` workers and joining them): the floor under every parallel kernel."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((cores, 16), name="a")
+    b = te.compute((cores, 16), lambda i, j: a[i, j] + 1.0, name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    sch.parallel(sch.get_loops(sch.get_sblock("b"))[0])
+    lib = tvm.tirx.build(sch.mod, target=target)
+    dev = tvm.cpu()
+    x, y = (tvm.runtime.tensor(np.ones((cores, 16), "float32"), dev) for _ in range(2))
+    timer = lib.time_evaluator(lib.entry_name, dev, number=2000, repeat=5)
+    return float(min(timer(x, y).results))
+
+
 def slowest(times: Dict[str, float], top: int) -> List[tuple]:
     """(name, seconds) of the ``top`` slowest, slowest first."""
     return sorted(times.items(), key=lambda kv: -kv[1])[:top]
