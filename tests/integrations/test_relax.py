@@ -18,7 +18,6 @@ import tvm_roller
 import tvm_roller.dlight
 import tvm_roller.analysis.visit
 import tvm_roller.relax as rr
-from tvm_roller import FallbackWarning
 from conftest import TARGET, assert_close, device, rand, run
 
 
@@ -125,6 +124,39 @@ def test_pipeline_mlp_odd_sizes(params_as_inputs):
     assert report and all(e["status"] == "roller" for e in report), report
     tiled = [e for e in report if e["kind"] == "tiled"]
     assert tiled and all(e["rtile"]["reg"] and e["predicted_s"] > 0 for e in tiled)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_constant_weights_are_packed_while_compiling(batch):
+    """A weight whose last extent fills whole register panels is packed at compile time: the
+    kernel reads the folded, packed constant (``_prepacked``), with no packing left to run;
+    weights passed as inputs are not."""
+    torch.manual_seed(1)  # (one linear: two would be a matmul chain, packed per task)
+    model = nn.Sequential(nn.Linear(37, 96), nn.GELU())
+    x = torch.randn(batch, 37)
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    for as_inputs in (False, True):
+        mod = _import(model, x, as_inputs)
+        params = []
+        if as_inputs:
+            from tvm.relax.frontend import detach_params
+
+            mod, p = detach_params(mod)
+            params = [t.numpy() for t in p["main"]]
+        report = []
+        ex = rr.compile(mod, TARGET, report, device(), cache=False)
+        assert np.abs(_run_vm(ex, x.numpy(), *params) - ref).max() <= 1e-4
+        packed = [e for e in report if e.get("prepacked")]
+        assert bool(packed) != as_inputs, report
+        assert all(e["name"].endswith("_prepacked") for e in packed)
+        if not as_inputs:  # what runs: the packed kernels, no packing
+            from tvm_roller.tools.bench.measure import kernel_calls
+
+            ran = kernel_calls(relax.VirtualMachine(ex, tvm.cpu()),
+                               tvm.runtime.tensor(x.numpy()), 1)
+            assert {e["name"] for e in packed} <= set(ran)
+            assert not any("weight_prepack" in k for k in ran), ran
 
 
 def test_pipeline_convnet_batch_pooling():

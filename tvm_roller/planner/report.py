@@ -41,6 +41,9 @@ class FuncReport:
     # the scheduled kernel's loop-nest facts (``analysis.kernel_facts``): why a kernel can sit
     # far above its bound (parallel regions, vector lanes, strided or gathered accesses)
     facts: Optional[dict] = None
+    # a constant operand packed into panels while compiling (the kernel is "<name>_prepacked":
+    # ``integrations.relax.passes.prepack``)
+    prepacked: bool = False
     # with top-k measured (``relax.compile(measure_topk=k)``): how the kernel was chosen
     measured: str = ""
 

@@ -20,6 +20,7 @@ from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
 from tvm_roller.analysis.schedule import (attempt, axis_loops, block_names, extent,
                                           inline_within, is_padding, is_reduction, perfect_split)
+from tvm_roller.backends.cpu.prepack import panel_operands, prepack
 from tvm_roller.backends.cpu.loops import (block_2d, parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
 from tvm_roller.core.rtile import RTile
@@ -117,8 +118,15 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     wb_loops = sch.get_loops(wb)
     vectorize_inner(sch, wb_loops[-1], lanes)
 
-    for name in t.pack:
-        _pack_operand(sch, main, name, task, t.reg[v] if v is not None else lanes, lanes)
+    panel = t.reg[v] if v is not None else lanes
+    # constants: packed into panels while compiling (not in a bucket's kernel: the buckets
+    # are branches of one function, each would split off a packing of its own)
+    for name in [] if fa.dynamic_axes else panel_operands(fa, v):
+        if name not in t.pack:
+            prepack(sch, func, main, name, panel)
+    for name in t.pack:  # a constant operand is packed while compiling, others per task
+        if fa.dynamic_axes or not prepack(sch, func, main, name, panel):
+            _pack_operand(sch, main, name, task, panel, lanes)
 
     for l in s3 + vec_outer:
         if (extent(sch, l) or 1) > 1:

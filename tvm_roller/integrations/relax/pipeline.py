@@ -22,6 +22,7 @@ from tvm_roller.integrations.relax.passes import fast_math as fm
 from tvm_roller.integrations.relax.passes.conv_layout import conv_layout_pass
 from tvm_roller.integrations.relax.passes.group_chains import group_chains_pass
 from tvm_roller.integrations.relax.passes.inference import inference_pass
+from tvm_roller.integrations.relax.passes.prepack import fold_packing, mark_constant_operands
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache, \
     schedule_pass
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
@@ -89,7 +90,8 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                 [bound_shapes_pass(), workarounds_pass()]
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(fast_math, fuse_chains, ctx.device,
-                                 chains, conv_layouts), roller]
+                                 chains, conv_layouts),
+                   mark_constant_operands(), roller, fold_packing(report)]
                 + ctx.backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)
                 + stages.finalize_passes(tgt))

@@ -1,0 +1,74 @@
+"""Constant operands packed while compiling (``backends.cpu.prepack``): the passes around
+roller's scheduling that make it happen.
+
+Before scheduling, each PrimFunc's ``layout_free_buffers`` attribute lists the parameters every
+one of its calls binds to a constant (a model's weights; not the weights a caller passes as
+inputs, which would be packed in every call); roller's tiled kernels pack such an operand in one block marked
+for layout rewriting. After scheduling, ``SplitLayoutRewritePreproc`` moves those blocks into
+functions of their own (the kernel becomes ``<name>_prepacked``), ``FoldConstant`` runs them
+on the constants and dead code goes. The report's entries follow their kernels' new names.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import tvm
+from tvm import relax, tirx
+
+#: the suffix SplitLayoutRewritePreproc gives a kernel whose packing it split off
+PREPACKED = "_prepacked"
+
+
+def constant_operands(mod: tvm.IRModule) -> Dict[str, List[int]]:
+    """PrimFunc name -> the argument positions every ``call_tir`` of it binds to a constant."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    seen: Dict[str, Optional[set]] = {}
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in getattr(func.body, "blocks", []):
+            for binding in block.bindings:
+                call = binding.value
+                if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)):
+                    continue
+                name = call.args[0].name_hint
+                const = {i for i, a in enumerate(call.args[1].fields)
+                         if isinstance(a, tvm.ir.expr.GenericConst)}
+                seen[name] = const if name not in seen else seen[name] & const
+    return {k: sorted(v) for k, v in seen.items() if v}
+
+
+def mark_constant_operands() -> tvm.transform.Pass:
+    """Before scheduling: each PrimFunc's constant-bound parameters listed (see above)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerMarkConstantOperands")
+    def _mark(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        for name, positions in constant_operands(mod).items():
+            gv = mod.get_global_var(name)
+            func = mod[gv]
+            if isinstance(func, tirx.PrimFunc):
+                mod[gv] = func.with_attr("layout_free_buffers", positions)
+        return mod
+
+    return _mark
+
+
+def fold_packing(report: Optional[list] = None) -> tvm.transform.Pass:
+    """After scheduling: the packing blocks split off and run at compile time (see above)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="RollerFoldPacking")
+    def _fold(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = tvm.transform.Sequential([
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination(),
+        ])(mod)
+        if report is not None:
+            names = {gv.name_hint for gv in mod.get_global_vars()}
+            for e in report:
+                if e["name"] not in names and e["name"] + PREPACKED in names:
+                    e["name"] += PREPACKED
+                    e["prepacked"] = True
+        return mod
+
+    return _fold
