@@ -42,6 +42,11 @@ def test_gemm_bound_is_flops_or_bytes(ctx, n, m, k):
     # launch's fixed microseconds on top of work near the bound)
     assert e.bound_s <= e.predicted_s * (1 + 1e-6) < 50 * e.bound_s + 20e-6
     assert e.facts["parallel_regions"] >= 1 and e.facts["vector_lanes"] >= 1
+    # a multiply-add is two operations: the arithmetic at the peak is the FLOP bound (padding
+    # adds what the padded register tile computes)
+    assert e.facts["arith_ops"] >= 2 * n * m * k
+    assert e.facts["arith_s"] == pytest.approx(e.facts["arith_ops"] / (dev.peak_gflops["float32"]
+                                                                      * 1e9))
 
 
 def test_fallback_entries_carry_a_bound_too(ctx):

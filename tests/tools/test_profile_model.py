@@ -30,6 +30,9 @@ def test_flag_says_why():
     serial = _flag(_row(1e-3, 50e-6, {"parallel_regions": 0, "vector_lanes": 0}), 2e-6)
     assert "serial" in serial and "scalar" in serial
     assert "unexplained" in _flag(_row(1e-3, 50e-6), 2e-6)
+    # a GELU's erf expansion: its arithmetic, not its bytes, takes the time
+    gelu = _flag(_row(1e-3, 50e-6, {"arith_ops": 40e6, "arith_s": 400e-6}), 2e-6)
+    assert "arithmetic" in gelu and "unexplained" not in gelu
     fb = _flag(_row(1e-3, 50e-6, status="fallback", fallback="decline", reason="gather"), 2e-6)
     assert "left to TVM's default" in fb and "gather" in fb
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
 
@@ -29,6 +30,9 @@ class KernelFacts:
     # buffer -> the largest element step of an innermost loop through it (> 1 only)
     strided: Dict[str, int] = field(default_factory=dict)
     gathers: List[str] = field(default_factory=list)  # buffers indexed by loaded values
+    # arithmetic operations the kernel's stores evaluate, over all iterations (index arithmetic
+    # not counted): the elementwise and transcendental work the roofline bound leaves out
+    arith_ops: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,6 +46,8 @@ class KernelFacts:
             parts.append(f"strided innermost access: {steps}")
         if self.gathers:
             parts.append(f"gather through {', '.join(sorted(self.gathers))}")
+        if self.arith_ops:
+            parts.append(f"{self.arith_ops:.3g} arithmetic operations")
         return "; ".join(parts)
 
 
@@ -83,11 +89,15 @@ class _Walker:
         self.strided: Dict[str, int] = {}
         self.gathers: set = set()
         self.bindings: list = []  # (block iterator, its loop expression)
+        self.ops = 0
 
-    def stmt(self, node, in_parallel: bool) -> None:
+    def stmt(self, node, in_parallel: bool, trips: int = 1) -> None:
         self._bind(node)
+        if isinstance(node, tirx.BufferStore):
+            self.ops += _arith(node.value) * trips
         if isinstance(node, tirx.For):
             extent = getattr(node.extent, "value", None)
+            trips *= int(extent) if extent is not None else 1
             if node.kind == tirx.ForKind.PARALLEL and not in_parallel:
                 self.regions.append(int(extent) if extent is not None else 0)
                 in_parallel = True
@@ -99,7 +109,7 @@ class _Walker:
             for item in (child if isinstance(child, (list, tuple)) or
                          type(child).__name__ == "Array" else [child]):
                 if isinstance(item, tirx.Stmt):
-                    self.stmt(item, in_parallel)
+                    self.stmt(item, in_parallel, trips)
 
     def _bind(self, node) -> None:
         if isinstance(node, s_tir.SBlockRealize):
@@ -122,6 +132,22 @@ class _Walker:
         post_order_visit(loop.body, visit)
 
 
+_ARITH = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Select", "Call", "FloorDiv", "FloorMod"}
+
+
+def _arith(expr) -> int:
+    """Arithmetic nodes of a stored value, not entering loads (their indices are addresses)."""
+    if isinstance(expr, TensorLoad) or not isinstance(expr, tvm_ffi.core.Object):
+        return 0
+    own = 1 if type(expr).__name__ in _ARITH else 0
+    total = own
+    for child in child_nodes(expr):
+        for item in (child if isinstance(child, (list, tuple)) or
+                     type(child).__name__ == "Array" else [child]):
+            total += _arith(item)
+    return total
+
+
 def _has_loop(stmt) -> bool:
     found = []
     post_order_visit(stmt, lambda n: found.append(1) if isinstance(n, tirx.For) else None)
@@ -139,4 +165,4 @@ def kernel_facts(kernel: tirx.PrimFunc) -> KernelFacts:
     w = _Walker()
     w.stmt(kernel.body, False)
     return KernelFacts(len(w.regions), min(w.regions) if w.regions else 0, w.lanes,
-                       dict(w.strided), sorted(w.gathers))
+                       dict(w.strided), sorted(w.gathers), int(w.ops))

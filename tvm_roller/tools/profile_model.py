@@ -20,6 +20,8 @@ FLAG_RATIO = 10.0
 #: ... when it takes at least this long per call, or this share of the model's kernel time
 FLAG_MIN_S = 50e-6
 FLAG_MIN_SHARE = 0.01
+#: a flagged kernel's arithmetic explains it when it needs this share of its time at the peak
+ARITH_SHARE = 0.25
 
 
 @dataclass
@@ -101,6 +103,11 @@ def _why(row: KernelRow, fork_join_s: float) -> List[str]:
         why.append(f"strided: the innermost loop steps {step} elements through {buf}")
     for buf in facts.get("gathers", []):
         why.append(f"gather: {buf} read through an index tensor")
+    arith_s = facts.get("arith_s") or 0.0
+    if arith_s >= ARITH_SHARE * row.measured_s / row.invocations:
+        why.append(f"arithmetic: {facts['arith_ops']:.3g} operations need >= "
+                   f"{arith_s * 1e6:.0f} us at the peak (the bound counts only the "
+                   "multiply-adds of reductions)")
     if not why:
         pred = row.predicted_s
         why.append("unexplained: none of the loop-nest causes; roller predicted "
