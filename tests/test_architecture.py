@@ -17,8 +17,8 @@ PKG = ROOT / "tvm_roller"
 # Where a target kind string may pick code: the registry and the backends; the CPU device model
 # reads LLVM targets (its own kind check) and the target normalisation completes them; tools
 # name targets as data (defaults, test lists).
-KIND_STRINGS_ALLOWED = ("backends/", "hardware/cpu.py", "hardware/target.py",
-                        "hardware/calibrate.py", "tools/")
+KIND_STRINGS_ALLOWED = ("backends/", "hardware/cpu.py", "hardware/host_name.py",
+                        "hardware/target.py", "hardware/calibrate.py", "tools/")
 
 
 def _modules():

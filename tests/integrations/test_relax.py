@@ -159,6 +159,39 @@ def test_constant_weights_are_packed_while_compiling(batch):
             assert not any("weight_prepack" in k for k in ran), ran
 
 
+class _CumsumLinear(nn.Module):
+    """A linear beside a cumulative sum (a hand-written loop nest TVM's split rejects)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(29, 64)
+
+    def forward(self, x):
+        return self.fc(x) + torch.cumsum(x, dim=-1).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("split_fails", [False, True])
+def test_packing_beside_other_kernels_and_when_its_split_fails(split_fails, monkeypatch):
+    if split_fails:  # the packing stays in the kernel, reported; the model still matches
+        def broken():
+            @tvm.transform.module_pass(opt_level=0, name="Broken")
+            def _raise(mod, _ctx):
+                raise tvm.error.InternalError("split refused")
+            return _raise
+        monkeypatch.setattr(relax.transform, "SplitLayoutRewritePreproc", broken)
+    torch.manual_seed(3)
+    model, x = _CumsumLinear(), torch.randn(7, 29)
+    report = []
+    ex = rr.compile(_import(model, x), TARGET, report, device(), cache=False)
+    with torch.no_grad():
+        ref = model(x).double().numpy()
+    assert np.abs(_run_vm(ex, x.numpy()) - ref).max() <= 1e-4 * np.abs(ref).max()
+    gemm = [e for e in report if e["kind"] == "tiled"]
+    assert gemm and all(e["prepacked"] != split_fails for e in gemm), report
+    if split_fails:
+        assert all("packing left in the kernel" in e["reason"] for e in gemm)
+
+
 def test_pipeline_convnet_batch_pooling():
     torch.manual_seed(1)
     model = _ConvNet()

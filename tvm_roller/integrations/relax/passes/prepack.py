@@ -13,7 +13,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
+
+from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.backends.cpu.prepack import PREPROC
 
 #: the suffix SplitLayoutRewritePreproc gives a kernel whose packing it split off
 PREPACKED = "_prepacked"
@@ -53,20 +56,66 @@ def mark_constant_operands() -> tvm.transform.Pass:
     return _mark
 
 
+def _packs(func: tirx.PrimFunc) -> bool:
+    """Whether a kernel holds a packing block (``backends.cpu.prepack``)."""
+    found = []
+
+    def visit(node) -> None:
+        ann = getattr(node, "annotations", None) if isinstance(node, s_tir.SBlock) else None
+        if ann is not None and PREPROC in ann:
+            found.append(node)
+
+    post_order_visit(func.body, visit)
+    return bool(found)
+
+
+def _split(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tvm.IRModule:
+    """``mod`` with kernel ``gv``'s packing split off. TVM's pass visits every PrimFunc and
+    rejects some it need not touch (a cumsum's opaque block): it sees the Relax functions and
+    this kernel alone, the rest is put back after."""
+    others = {g: f for g, f in mod.functions_items()
+              if isinstance(f, tirx.PrimFunc) and not g.same_as(gv)}
+    part = tvm.IRModule({g: f for g, f in mod.functions_items() if g not in others},
+                        attrs=mod.attrs)
+    part = relax.transform.SplitLayoutRewritePreproc()(part)
+    for g, f in others.items():
+        part[g] = f
+    return part
+
+
+def _unmarked(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The kernel with its packing blocks left in place (run in every call)."""
+    sch = s_tir.Schedule(func)
+    names = []
+    post_order_visit(func.body, lambda n: names.append(n.name_hint) if isinstance(
+        n, s_tir.SBlock) and PREPROC in n.annotations else None)
+    for name in names:
+        sch.unannotate(sch.get_sblock(name), PREPROC)
+    return sch.mod["main"].without_attr("layout_free_buffers")
+
+
 def fold_packing(report: Optional[list] = None) -> tvm.transform.Pass:
     """After scheduling: the packing blocks split off and run at compile time (see above)."""
 
     @tvm.transform.module_pass(opt_level=0, name="RollerFoldPacking")
     def _fold(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = tvm.transform.Sequential([
-            relax.transform.SplitLayoutRewritePreproc(),
-            relax.transform.FoldConstant(),
-            relax.transform.DeadCodeElimination(),
-        ])(mod)
+        failed: Dict[str, str] = {}
+        for gv in [gv for gv, f in mod.functions_items()
+                   if isinstance(f, tirx.PrimFunc) and _packs(f)]:
+            try:
+                mod = _split(mod, gv)
+            except RuntimeError as err:  # TVM's errors: reported, the kernel packs per call
+                failed[gv.name_hint] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                mod[gv] = _unmarked(mod[gv])
+        mod = tvm.transform.Sequential([relax.transform.FoldConstant(),
+                                        relax.transform.DeadCodeElimination()])(mod)
         if report is not None:
             names = {gv.name_hint for gv in mod.get_global_vars()}
             for e in report:
-                if e["name"] not in names and e["name"] + PREPACKED in names:
+                if e["name"] in failed:
+                    e["reason"] = ("packing left in the kernel: splitting it off failed: "
+                                   + failed[e["name"]])
+                elif e["name"] not in names and e["name"] + PREPACKED in names:
                     e["name"] += PREPACKED
                     e["prepacked"] = True
         return mod
