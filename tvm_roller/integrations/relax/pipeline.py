@@ -4,10 +4,12 @@
 
 It is TVM's default pipeline for the target (library dispatch, legalization, fusion, dataflow
 lowering, finalization) with passes added before legalization (rewrites around TVM defects,
-inference simplifications, shapes simplified under the shape variables' bounds, convolution
+inference simplifications, elementwise ops moved before reshapes (they then fuse into the
+matmul before them), shapes simplified under the shape variables' bounds, convolution
 layouts, matmul chains grouped for fusion: ``passes/``) and one after fusion in which roller
 schedules each fused PrimFunc (``passes.schedule``: a declined or failing function keeps TVM's
-default treatment, so one function never fails the model's compile). On a CUDA target TVM's
+default treatment, so one function never fails the model's compile), with the constant weights
+its kernels read packed around it (``passes.prepack``). On a CUDA target TVM's
 default treatment is its dlight rules, which then see only what roller left.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tvm_roller.integrations.relax.passes.prepack import fold_packing, mark_cons
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache, \
     schedule_pass
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
+from tvm_roller.integrations.relax.passes.sink_reshape import sink_reshape_pass
 from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass
 from tvm_roller.planner import Context
 
@@ -47,6 +50,7 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
     return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
+                                     sink_reshape_pass(),
                                      conv_layout_pass(conv_layouts)] + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         bound_shapes_pass(),
