@@ -2,6 +2,7 @@
 checked against PyTorch / numpy float64 on random inputs."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -452,3 +453,43 @@ def test_top_k_measured_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
                                                 measure_topk=3, fuse_chains=False))
     assert [e["measured"] for e in again if e["measured"]] and \
         all(e["measured"] == "measured before" for e in again if e["measured"])
+
+
+def test_kernel_tvm_cannot_compile_falls_back_alone(monkeypatch, caplog):
+    """``compile`` builds the model once without building each kernel alone; when that build
+    fails, it builds again with each kernel checked: the one TVM cannot compile is an error
+    entry with TVM's default build, and the model is right."""
+    from tvm_roller.integrations.pytorch import import_torch
+    from tvm_roller.planner import scheduling
+
+    real = scheduling._kernel
+    broken_names = []
+
+    def broken(name, func, ctx, options):  # the first matmul calls a GPU intrinsic
+        kernel, entry = real(name, func, ctx, options)
+        if not broken_names and _reductions_of(kernel):
+            broken_names.append(name)
+        if name in broken_names:  # in both builds
+            # the CPU code generator has no warp intrinsics
+            call = tvm.tirx.call_intrin("uint32", "tirx.tvm_warp_activemask")
+            kernel = kernel.with_body(tvm.tirx.SeqStmt([tvm.tirx.Evaluate(call),
+                                                        kernel.body]))
+        return kernel, entry
+
+    monkeypatch.setattr(scheduling, "_kernel", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 7)).eval()
+    x = torch.from_numpy(rand((5, 24), seed=3))
+    report: list = []
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = rr.compile(import_torch(model, x), TARGET, report, cache=False)
+    assert any("building again with each kernel checked alone" in r.message
+               for r in caplog.records)
+    errors = [e for e in report if e["fallback"] == "error"]
+    assert [e["name"] for e in errors] == broken_names
+    assert sum(e["status"] == "roller" for e in report) >= 1
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    with torch.no_grad():
+        ref = model.double()(x.double()).numpy()
+    assert_close(out, ref, 1e-5)

@@ -80,8 +80,12 @@ class ModuleCache:
         self.hits += 1
         return lib, entries
 
-    def store(self, mod, tgt, dev, options: dict, executable, entries: List[dict]) -> None:
-        """Export ``executable`` and record it; a failure to write only costs the cache (warned)."""
+    def store(self, mod, tgt, dev, options: dict, executable,
+              entries: List[dict]) -> Optional[tvm.runtime.Module]:
+        """Export ``executable`` and record it; returns the library written, loaded (its machine
+        code was made once, for the file: running ``executable`` itself would JIT-compile the
+        whole module again, as long as the export took), or None when writing failed (warned:
+        it only costs the cache)."""
         key = self.key(mod, tgt, dev, options)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -101,6 +105,13 @@ class ModuleCache:
         except OSError as err:
             warnings.warn(f"could not write the compiled-module cache ({err})", CacheWarning,
                           stacklevel=3)
+            return None
+        try:
+            return tvm.runtime.load_module(str(self.directory / lib_name))
+        except RuntimeError as err:  # TVM's loader errors; the caller keeps ``executable``
+            warnings.warn(f"could not load the library just written ({err})", CacheWarning,
+                          stacklevel=3)
+            return None
 
     def stats(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt}

@@ -34,6 +34,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_roller.backends.registry import backend_for
 from tvm_roller.cache.files import atomic_write
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.intrin_import import import_tensor_intrin
 from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware import DeviceModel, host_target, normalize_target
 from tvm_roller.integrations.relax.pipeline import fusion_passes
@@ -501,6 +502,7 @@ def warm_cost_model(cost_model: ms.cost_model.CostModel, database: ms.database.D
     in the database (roller's seeds) would join the initial population with random scores and
     rarely be picked for mutation. Returns the number of records fed to the model.
     """
+    import_tensor_intrin()  # TuneContext imports it; done here in seconds, not a minute
     fed = 0
     for task in tasks:
         if not database.has_workload(task.workload):

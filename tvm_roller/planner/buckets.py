@@ -10,7 +10,8 @@ outer factor TVM infers from the extent, and the axes that follow a variable are
 their task tile (``FuncAnalysis.dynamic_axes``), so the micro-kernel has no predicate and the
 tail is safe. The backend's policy sizes that task tile with the padding's extra work over the
 whole bucket counted (``RTile.bucket_waste``); a bucket that still pads more than
-``REFINE_WASTE`` is split in two (one variable, up to ``MAX_BUCKETS``). Neighbouring buckets
+``REFINE_WASTE`` is split in two (one variable, up to ``MAX_BUCKETS``; not the user's
+buckets, which are kept as given). Neighbouring buckets
 whose schedules are the same trace share one kernel. The kernels
 are stitched into one function that picks its kernel from the variables' values
 (``analysis.symbolic.dispatch``); the last bucket's kernel also takes any larger value.
@@ -190,7 +191,7 @@ def plan_dynamic(func, ctx: Context, bounds: Optional[Bounds] = None,
             ranges.append((name, lo, None if last else end))
         at = dict(zip(variables, ends))
         cases.append(_case(func, tuple(ranges), at, ctx))
-    if len(variables) == 1:
+    if len(variables) == 1 and variables[0] not in (buckets or {}):
         cases = _refine(func, cases, ctx)
     cases = _merge_same(cases)
     return DynamicPlan(func, variables, tuple((n, *spans[n]) for n in variables),

@@ -1,15 +1,19 @@
 """``tvm_roller.relax.compile``: the Relax pipeline with roller, and a whole-module cache."""
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import tvm
 
 from tvm_roller.cache.modules import ModuleCache
+from tvm_roller.core.errors import first_lines
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
 from tvm_roller.integrations.relax.pipeline import get_pipeline
 from tvm_roller.planner import Context, FuncReport, summarise
+
+logger = logging.getLogger(__name__)
 
 
 def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A001
@@ -46,14 +50,29 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
                 report.extend(dict(e, cached=True) for e in entries)
             summarise([FuncReport(**dict(e, cached=True)) for e in entries])
             return lib
-    entries: list = []
-    with ctx.pass_context():
-        ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
-            ctx, entries, progress=progress, fast_math=fast_math, chains=chains,
-            fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
-            verify=verify, measure_topk=measure_topk))
+    def build(check: bool) -> tuple:
+        entries: list = []
+        found: Optional[list] = None if chains is None else []
+        with ctx.pass_context():
+            ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
+                ctx, entries, progress=progress, fast_math=fast_math, chains=found,
+                fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
+                verify=verify, measure_topk=measure_topk, check=check))
+        return ex, entries, found
+
+    # Each kernel built alone (so one TVM cannot compile falls back alone) costs ~40% of a
+    # compile: build the model once without, and with the checks only if that build fails.
+    try:
+        ex, entries, found = build(check=False)
+    except Exception as err:  # noqa: BLE001  (logged, and the checked build re-raises)
+        logger.warning("tvm_roller: the model's build failed (%s: %s); building again with each "
+                       "kernel checked alone", type(err).__name__, first_lines(err))
+        ex, entries, found = build(check=True)
     if report is not None:
         report.extend(entries)
+    if chains is not None:
+        chains.extend(found)
     if mcache is not None:
-        mcache.store(mod, ctx.target, ctx.device, options, ex, entries)
+        stored = mcache.store(mod, ctx.target, ctx.device, options, ex, entries)
+        return ex if stored is None else stored
     return ex

@@ -67,7 +67,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                  fuse_chains: bool = True,
                  conv_layouts: Optional[dict] = None,
                  buckets: Optional[dict] = None, verify: bool = False,
-                 measure_topk: int = 0) -> tvm.transform.Pass:
+                 measure_topk: int = 0, check: bool = True) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``.
@@ -78,11 +78,11 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
     :func:`fusion_passes`. ``chains`` (a list) gets one dict per matmul chain found: fused or
     kept apart, and why; ``fuse_chains=False`` turns the matmul-chain fusion off;
     ``conv_layouts``: the layouts convolutions are converted to (None: the backend's
-    ``conv_layouts``; ``{}``: keep the model's); ``buckets``, ``verify``, ``measure_topk``:
-    see :func:`schedule_pass`."""
+    ``conv_layouts``; ``{}``: keep the model's); ``buckets``, ``verify``, ``measure_topk``,
+    ``check``: see :func:`schedule_pass`."""
     ctx = Context.make(target, device, schedule_cache(cache))
     roller = schedule_pass(ctx, report, progress=progress, buckets=buckets, verify=verify,
-                           measure_topk=measure_topk)
+                           measure_topk=measure_topk, check=check)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

@@ -31,7 +31,7 @@ def schedule_cache(cache: CacheArg) -> Optional[ScheduleCache]:
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
                   cache: CacheArg = True, progress: Optional[bool] = None,
                   buckets: Optional[dict] = None, verify: bool = False,
-                  measure_topk: int = 0) -> tvm.transform.Pass:
+                  measure_topk: int = 0, check: bool = True) -> tvm.transform.Pass:
     """A module pass that schedules every unscheduled PrimFunc with roller.
 
     ``target``: a target or the planner's :class:`Context`. ``cache``: see
@@ -42,8 +42,10 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
     once against TVM's default build of its function on random inputs; one that differs is an
     error entry and the function falls back (``planner.verify``). ``measure_topk`` (> 1): each
     function's best ``measure_topk`` candidates built and timed on this machine, the fastest
-    kept and cached (``planner.measure``). ``report`` gets one dict per PrimFunc
-    (:class:`~tvm_roller.planner.FuncReport`)."""
+    kept and cached (``planner.measure``). ``check``: each kernel built alone as it is
+    scheduled, so one TVM cannot compile falls back alone (``compile`` first builds without, and
+    checks only if the whole build fails: the kernels' own builds are ~40% of a compile).
+    ``report`` gets one dict per PrimFunc (:class:`~tvm_roller.planner.FuncReport`)."""
     ctx = Context.make(target, device, schedule_cache(cache),
                        Measure(measure_topk) if measure_topk > 1 else None)
 
@@ -55,7 +57,7 @@ def schedule_pass(target, report: Optional[list] = None, device: Optional[Device
         entries: List[FuncReport] = []
         for gv, func in _progress(todo, progress):
             t0 = time.perf_counter()
-            res = schedule_function(func, ctx, gv.name_hint, options)
+            res = schedule_function(func, ctx, gv.name_hint, options, check or verify)
             if res.kernel is not None:
                 mod[gv] = res.kernel
             res.entry.schedule_s = time.perf_counter() - t0
