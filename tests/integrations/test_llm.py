@@ -1,0 +1,104 @@
+"""tvm_roller.llm: greedy tokens identical to HF's generate, sampling, stops and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tvm_roller.llm as llm  # noqa: E402
+from tvm_roller.core.errors import UnsupportedError  # noqa: E402
+
+MAX_SEQ = 48
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                                   max_position_embeddings=128)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _gpt2():
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, vocab_size=89, n_positions=64)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def llama_lm():
+    model = _llama()
+    return model, llm.compile(model, max_seq_len=MAX_SEQ, cache=False)
+
+
+def _hf_greedy(model, ids, new):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              pad_token_id=0)
+
+
+@pytest.mark.parametrize("prompt", [2, 7, 13])
+def test_llama_greedy_tokens_match_hf(llama_lm, prompt):
+    model, lm = llama_lm
+    ids = torch.randint(0, 97, (1, prompt), generator=torch.Generator().manual_seed(prompt))
+    new = MAX_SEQ - prompt
+    out = lm.generate(ids, new)
+    assert out.shape == (1, prompt + new) and out.dtype == ids.dtype
+    assert out.tolist() == _hf_greedy(model, ids, new).tolist()
+    assert lm.stats.prefill_tokens == prompt and lm.stats.decode_tokens == new - 1
+    assert lm.stats.prefill_s > 0 and lm.stats.decode_s > 0
+    assert all(e["status"] == "roller" or e["fallback"] == "decline" for e in lm.report)
+
+
+def test_stream_eos_and_sampling(llama_lm):
+    _, lm = llama_lm
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(3))
+    greedy = lm.generate(ids, 10)[0, 5:].tolist()
+    assert list(lm.stream(ids, 10)) == greedy
+    # stops right after the eos token (an int or a list)
+    stop = greedy[3]
+    first = greedy.index(stop)
+    assert lm.generate(ids, 10, eos_token_id=stop)[0, 5:].tolist() == greedy[:first + 1]
+    assert lm.generate(ids, 10, eos_token_id=[1000, stop])[0, 5:].tolist() == greedy[:first + 1]
+    # sampling: reproducible with a seed, within top-k
+    a = lm.generate(ids, 8, do_sample=True, temperature=1.5, top_k=5, seed=7)
+    b = lm.generate(ids, 8, do_sample=True, temperature=1.5, top_k=5, seed=7)
+    assert a.tolist() == b.tolist()
+    assert lm.generate(ids, 0).tolist() == ids.tolist()
+
+
+def test_bad_input_is_a_clear_error_before_work(llama_lm):
+    _, lm = llama_lm
+    with pytest.raises(ValueError, match="max_seq_len"):
+        lm.generate(torch.zeros((1, 40), dtype=torch.long), 9)
+    with pytest.raises(ValueError, match="batch 1"):
+        lm.generate(torch.zeros((2, 4), dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="token ids"):
+        lm.generate(torch.full((1, 4), 97, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="top_p"):
+        lm.generate(torch.zeros((1, 4), dtype=torch.long), 3, do_sample=True, top_p=0.0)
+    with pytest.raises(UnsupportedError, match="causal LM"):
+        llm.compile(torch.nn.Linear(3, 3))
+    with pytest.raises(ValueError, match="fp32"):
+        llm.compile(_llama(), weights="int4")
+
+
+@pytest.mark.slow
+def test_gpt2_greedy_tokens_match_hf():
+    model = _gpt2()
+    lm = llm.compile(model, max_seq_len=40, cache=False)
+    ids = torch.randint(0, 89, (1, 6), generator=torch.Generator().manual_seed(5))
+    assert lm.generate(ids, 34).tolist() == _hf_greedy(model, ids, 34).tolist()
+
+
+def test_sampling_top_p_keeps_the_smallest_set_reaching_it():
+    import numpy as np
+
+    from tvm_roller.integrations.llm.sampling import Sampling, TokenPicker
+
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    pick = TokenPicker(Sampling(do_sample=True, top_k=0, top_p=0.7, seed=0))
+    drawn = {pick(logits) for _ in range(200)}
+    assert drawn == {0, 1}  # 0.5 < 0.7 <= 0.8: the first two
+    assert TokenPicker(Sampling())(logits) == 0

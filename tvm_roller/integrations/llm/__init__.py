@@ -1,0 +1,43 @@
+"""LLM generation: a HuggingFace causal LM compiled by roller into ``prefill`` and ``decode``.
+
+    lm = tvm_roller.llm.compile(model, max_seq_len=2048)
+    out = lm.generate(input_ids, max_new_tokens=64)      # [1, n + k], greedy
+    for token in lm.stream(input_ids, 64, do_sample=True, top_p=0.9, seed=0): ...
+    lm.stats                                             # prefill / decode seconds and tokens
+
+Batch 1. The cache is explicit tensors (``export``): decode returns it one token longer.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+
+from tvm_roller.hardware import DeviceModel
+from tvm_roller.integrations.llm.export import TESTED_FAMILIES, CacheShape, export_lm
+from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
+from tvm_roller.integrations.llm.sampling import Sampling
+from tvm_roller.integrations.relax import compile as relax_compile
+
+__all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheShape",
+           "TESTED_FAMILIES"]
+
+
+def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
+            weights: str = "fp32", device: Optional[DeviceModel] = None,
+            cache=True) -> CausalLM:
+    """``model`` (a transformers ``*ForCausalLM``) compiled for generation on ``target``
+    (None: this machine). ``weights``: "fp32" (the only one yet). An architecture torch.export
+    or the importer cannot take is an ``UnsupportedError`` naming the step."""
+    if weights != "fp32":
+        raise ValueError(f"weights={weights!r}: only 'fp32' is supported yet")
+    if max_seq_len < 3:
+        raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
+    lm = export_lm(model, max_seq_len)
+    report: list = []
+    ex = relax_compile(lm.mod, target if target is not None else "llvm", report, device=device,
+                       cache=cache)
+    dev = tvm.cpu()
+    vm = tvm.relax.VirtualMachine(ex, dev)
+    weights_tvm = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
+    return CausalLM(vm, weights_tvm, lm.cache, lm.vocab, max_seq_len, report)

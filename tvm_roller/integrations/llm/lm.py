@@ -1,0 +1,112 @@
+"""``CausalLM``: generation with a compiled ``prefill`` / ``decode`` pair (``compile``)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import tvm
+
+from tvm_roller.integrations.llm.export import CacheShape
+from tvm_roller.integrations.llm.sampling import Sampling, TokenPicker
+
+
+@dataclass
+class GenerationStats:
+    """The last call's prefill and decode seconds and token counts."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
+
+
+@dataclass
+class CausalLM:
+    """A compiled causal LM: ``generate`` (a ``[1, n + k]`` tensor) and ``stream`` (token ids as
+    they come). ``report``: one entry per PrimFunc of both functions (``relax.compile``'s)."""
+
+    vm: tvm.relax.VirtualMachine
+    weights: List[tvm.runtime.Tensor]
+    cache: CacheShape
+    vocab: int
+    max_seq_len: int
+    report: list = field(default_factory=list)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def generate(self, input_ids, max_new_tokens: int = 20,
+                 eos_token_id: Union[None, int, Sequence[int]] = None, *,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 50,
+                 top_p: float = 1.0, seed: Optional[int] = None):
+        """``input_ids`` (a torch LongTensor ``[1, n]``) followed by up to ``max_new_tokens``
+        tokens (a ``[1, n + k]`` LongTensor): greedy unless ``do_sample``; it stops after an
+        ``eos_token_id`` (an int or a list) when one is given."""
+        import torch
+
+        new = list(self.stream(input_ids, max_new_tokens, eos_token_id, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+        tail = torch.tensor([new], dtype=input_ids.dtype).reshape(1, len(new))
+        return torch.cat([input_ids, tail], dim=1)
+
+    def stream(self, input_ids, max_new_tokens: int = 20,
+               eos_token_id: Union[None, int, Sequence[int]] = None, *,
+               do_sample: bool = False, temperature: float = 1.0, top_k: int = 50,
+               top_p: float = 1.0, seed: Optional[int] = None) -> Iterator[int]:
+        """The new token ids one by one, as ``generate`` makes them (a generator)."""
+        prompt = self._prompt(input_ids, max_new_tokens)
+        pick = TokenPicker(Sampling(do_sample, temperature, top_k, top_p, seed))
+        stops = _stop_set(eos_token_id)
+        self.stats = GenerationStats()
+        return self._tokens(prompt, max_new_tokens, pick, stops)
+
+    def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
+                stops: set) -> Iterator[int]:
+        if max_new_tokens == 0:
+            return
+        dev = tvm.cpu()
+        t0 = time.perf_counter()
+        logits, keys, values = self.vm["prefill"](tvm.runtime.tensor(prompt, dev), *self.weights)
+        token = pick(logits.numpy())
+        self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
+        yield token
+        for _ in range(max_new_tokens - 1):
+            if token in stops:
+                return
+            t0 = time.perf_counter()
+            step = tvm.runtime.tensor(np.array([[token]], dtype="int64"), dev)
+            logits, keys, values = self.vm["decode"](step, keys, values, *self.weights)
+            token = pick(logits.numpy())
+            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.decode_tokens += 1
+            yield token
+
+    def _prompt(self, input_ids, max_new_tokens: int) -> np.ndarray:
+        prompt = np.asarray(input_ids.cpu().numpy() if hasattr(input_ids, "cpu") else input_ids)
+        if prompt.ndim != 2 or prompt.shape[0] != 1:
+            raise ValueError(f"input_ids must be [1, n] (batch 1), got shape {prompt.shape}")
+        if prompt.shape[1] < 2:
+            raise ValueError("the prompt must hold at least 2 tokens")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if prompt.shape[1] + max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) "
+                             f"exceeds max_seq_len ({self.max_seq_len})")
+        if prompt.min() < 0 or prompt.max() >= self.vocab:
+            raise ValueError(f"token ids must be in [0, {self.vocab})")
+        return prompt.astype("int64")
+
+
+def _stop_set(eos_token_id) -> set:
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) \
+        else {int(t) for t in eos_token_id}
