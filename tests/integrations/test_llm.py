@@ -22,7 +22,7 @@ def _llama():
 
 def _gpt2():
     torch.manual_seed(1)
-    cfg = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, vocab_size=89, n_positions=64)
+    cfg = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, vocab_size=89, n_positions=128)
     return transformers.GPT2LMHeadModel(cfg).eval()
 
 
@@ -84,12 +84,31 @@ def test_bad_input_is_a_clear_error_before_work(llama_lm):
         llm.compile(_llama(), weights="int4")
 
 
-@pytest.mark.slow
-def test_gpt2_greedy_tokens_match_hf():
-    model = _gpt2()
-    lm = llm.compile(model, max_seq_len=40, cache=False)
+def _family(name):
+    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=89,
+                 max_position_embeddings=128)
+    if name == "gpt2":
+        return _gpt2()
+    cfg_cls, model_cls = {
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    }[name]
+    torch.manual_seed(2)
+    extra = {"sliding_window": None} if name in ("mistral", "qwen2") else {}
+    if name == "phi3":
+        extra["pad_token_id"] = 0
+    return model_cls(cfg_cls(**small, **extra)).eval()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "mistral", "qwen2", "phi3"])
+def test_family_greedy_tokens_match_hf(family):
+    """64 new tokens, identical to HF's greedy generate (tiny random configs)."""
+    model = _family(family)
+    lm = llm.compile(model, max_seq_len=72, cache=False)
     ids = torch.randint(0, 89, (1, 6), generator=torch.Generator().manual_seed(5))
-    assert lm.generate(ids, 34).tolist() == _hf_greedy(model, ids, 34).tolist()
+    assert lm.generate(ids, 64).tolist() == _hf_greedy(model, ids, 64).tolist()
 
 
 def test_sampling_top_p_keeps_the_smallest_set_reaching_it():

@@ -180,6 +180,10 @@ def plan_dynamic(func, ctx: Context, bounds: Optional[Bounds] = None,
         raise UnsupportedError(f"symbolic shape: the {backend.name} backend builds no bucket "
                                f"kernels yet ({backend.no_dynamic_kernels})")
     spans, notes = _bounds_of(variables, bounds)
+    # a model's buckets name all its variables: those of other functions (they have bounds)
+    # are not this function's concern; a name nothing bounds is warned about
+    buckets = {k: v for k, v in (buckets or {}).items() if k in variables or k not in
+               (bounds or {})}
     grid = bucket_grid(variables, spans, buckets)
     cases: List[Case] = []
     for ends in itertools.product(*(grid[n] for n in variables)):

@@ -9,7 +9,7 @@ Batch 1. The cache is explicit tensors (``export``): decode returns it one token
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, List, Optional
 
 import tvm
 
@@ -21,6 +21,19 @@ from tvm_roller.integrations.relax import compile as relax_compile
 
 __all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheShape",
            "TESTED_FAMILIES"]
+
+
+def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
+    """Bucket ends for the prompt and cache lengths: powers of four from 16, and
+    ``max_seq_len``. The default (powers of two, split further where padding costs) gives ~14
+    kernels per function; an LM has ~90 functions, most of them with a length."""
+    ends = [16]
+    while ends[-1] * 4 < max_seq_len:
+        ends.append(ends[-1] * 4)
+    ends = [e for e in ends if e < max_seq_len] + [max_seq_len]
+    names = {str(k) for gv, f in mod.functions_items() if isinstance(f, tvm.relax.Function)
+             for k in (f.attrs or {}).get("tir_var_upper_bound", {})}
+    return {name: ends for name in sorted(names)}
 
 
 def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
@@ -36,7 +49,7 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     lm = export_lm(model, max_seq_len)
     report: list = []
     ex = relax_compile(lm.mod, target if target is not None else "llvm", report, device=device,
-                       cache=cache)
+                       cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
     weights_tvm = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
