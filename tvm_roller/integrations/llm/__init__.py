@@ -52,5 +52,7 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
                        cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
-    weights_tvm = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
-    return CausalLM(vm, weights_tvm, lm.cache, lm.vocab, max_seq_len, report)
+    raw = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
+    prepared = list(vm["transform_params"](raw))
+    del raw  # only the prepared weights are held
+    return CausalLM(vm, prepared, lm.cache, lm.vocab, max_seq_len, report)

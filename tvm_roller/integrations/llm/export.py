@@ -4,8 +4,10 @@ Both functions are ``torch.export``-ed from the same model and imported with the
 parameters (``keep_params_as_input``), in the same order, so one set of weight tensors serves
 both (the weights are held once):
 
-* ``prefill(ids[1, n], *weights) -> (logits[1, vocab], keys, values)``
-* ``decode(ids[1, 1], keys, values, *weights) -> (logits[1, vocab], keys', values')``
+* ``transform_params((weights...)) -> prepared`` (run once: the weights' transposes lifted out
+  of both functions, ``LiftTransformParams``)
+* ``prefill(ids[1, n], *prepared) -> (logits[1, vocab], keys, values)``
+* ``decode(ids[1, 1], keys, values, *prepared) -> (logits[1, vocab], keys', values')``
 
 ``keys`` / ``values`` are ``[layers, 1, kv_heads, length, head_dim]``. The cache is functional
 here: ``decode`` returns the cache one token longer, a copy of it per step.
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 import tvm
+from tvm import relax
 
 from tvm_roller.core.errors import UnsupportedError
 
@@ -88,6 +91,9 @@ def export_lm(model, max_seq_len: int) -> ExportedLM:
         raise UnsupportedError("prefill and decode take different weights")
     mod = tvm.IRModule({"prefill": _import(prefill_ep, "prefill"),
                         "decode": _import(decode_ep, "decode")})
+    # what only depends on the weights (the transposes of every Linear's weight) into one
+    # ``transform_params`` run once at load: otherwise each call copies every weight
+    mod = relax.transform.LiftTransformParams(shared_transform=True)(mod)
     weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return ExportedLM(mod, weights, shape, vocab)

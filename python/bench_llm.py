@@ -1,0 +1,119 @@
+"""LLM generation: tvm_roller.llm against HF eager generate, same weights, same 2 threads.
+
+Random-weight configs at real models' shapes: ``qwen2-0.5b`` (24 layers, hidden 896, 14 / 2
+heads, MLP 4864, vocab 151936, tied embeddings), ``llama-3.2-1b`` (16 layers, hidden 2048, 32 / 8
+heads, MLP 8192, vocab 128256, tied), ``tiny`` (for a quick check). For each prompt length:
+prefill tok/s and decode tok/s of both (rounds alternating, median), whether the greedy tokens
+agree, and decode's bytes per second (weights + the cache read, per token) as a fraction of the
+calibrated DRAM bandwidth. Also the cold compile time and the peak resident memory.
+
+    python python/bench_llm.py --config qwen2-0.5b --prompts 128,1024 --new 128
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import tvm_roller.llm as llm  # noqa: E402
+from tvm_roller.hardware import host_target  # noqa: E402
+from tvm_roller.planner import Context  # noqa: E402
+from tvm_roller.tools.bench.measure import write_json  # noqa: E402
+
+CONFIGS = {
+    "qwen2-0.5b": ("Qwen2", dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14,
+                                 num_key_value_heads=2, intermediate_size=4864,
+                                 vocab_size=151936, tie_word_embeddings=True,
+                                 max_position_embeddings=32768)),
+    "llama-3.2-1b": ("Llama", dict(num_hidden_layers=16, hidden_size=2048,
+                                   num_attention_heads=32, num_key_value_heads=8,
+                                   intermediate_size=8192, vocab_size=128256,
+                                   tie_word_embeddings=True, max_position_embeddings=131072)),
+    "tiny": ("Llama", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=96, vocab_size=97,
+                           max_position_embeddings=4096)),
+}
+
+
+def build(name: str):
+    import transformers
+
+    family, kw = CONFIGS[name]
+    cfg = getattr(transformers, f"{family}Config")(**kw)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{family}ForCausalLM")(cfg).eval(), cfg
+
+
+def hf_times(model, ids, new: int):
+    """(prefill s, decode s per token, tokens) of HF's greedy generate."""
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             pad_token_id=0)
+        total = time.perf_counter() - t0
+    return prefill, max(total - prefill, 1e-9) / (new - 1), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="qwen2-0.5b", choices=sorted(CONFIGS))
+    ap.add_argument("--prompts", default="128,1024")
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = [int(p) for p in args.prompts.split(",")]
+    model, cfg = build(args.config)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    t0 = time.perf_counter()
+    lm = llm.compile(model, max_seq_len=max(prompts) + args.new, cache=False)
+    compile_s = time.perf_counter() - t0
+    dram = Context.make(host_target()).device.dram.bandwidth_gbs * 1e9
+    cache_per_pos = 2 * lm.cache.layers * lm.cache.kv_heads * lm.cache.head_dim * 4
+    print(f"{args.config}: {weight_bytes / 1e9:.2f} GB of weights, compile {compile_s:.1f} s, "
+          f"{len(lm.report)} functions ({sum(e['status'] == 'roller' for e in lm.report)} "
+          f"roller's), DRAM {dram / 1e9:.1f} GB/s calibrated")
+    rows = []
+    for n in prompts:
+        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            out = lm.generate(ids, args.new)
+            ours.append((lm.stats.prefill_s, lm.stats.decode_s / lm.stats.decode_tokens))
+            hf_pre, hf_dec, ref = hf_times(model, ids, args.new)
+            theirs.append((hf_pre, hf_dec))
+        pre = statistics.median(o[0] for o in ours)
+        dec = statistics.median(o[1] for o in ours)
+        hpre = statistics.median(t[0] for t in theirs)
+        hdec = statistics.median(t[1] for t in theirs)
+        same = int((out == ref).all())
+        ctx_mid = n + args.new // 2
+        bw = (weight_bytes + cache_per_pos * ctx_mid) / dec
+        row = dict(prompt=n, new=args.new, prefill_tok_s=n / pre, hf_prefill_tok_s=n / hpre,
+                   decode_tok_s=1 / dec, hf_decode_tok_s=1 / hdec, decode_gbs=bw / 1e9,
+                   decode_bw_fraction=bw / dram, tokens_match=bool(same))
+        rows.append(row)
+        print(f"prompt {n:5d}: prefill {n / pre:8.1f} tok/s (HF {n / hpre:8.1f}, "
+              f"{hpre / pre:.2f}x)  decode {1 / dec:6.2f} tok/s (HF {1 / hdec:6.2f}, "
+              f"{hdec / dec:.2f}x)  {bw / 1e9:5.1f} GB/s = {bw / dram:.0%} of DRAM  "
+              f"tokens {'match' if same else 'differ'}", flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"peak resident memory {rss / 1e9:.2f} GB (HF's model and roller's weights both held)")
+    if args.json:
+        write_json(args.json, dict(config=args.config, compile_s=compile_s, rows=rows,
+                                   weight_bytes=weight_bytes, peak_rss=rss))
+
+
+if __name__ == "__main__":
+    main()
