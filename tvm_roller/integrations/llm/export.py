@@ -23,8 +23,8 @@ from tvm import relax
 from tvm_roller.core.errors import UnsupportedError
 
 # the families the tests generate with against HF (others are tried, and declined with the
-# reason when export or import fails)
-TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo", "gemma", "gpt2")
+# reason when export or import fails; Qwen3, OLMo and Gemma are not tested yet)
+TESTED_FAMILIES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 
 
 @dataclass(frozen=True)
