@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import tvm
 
-from tvm_roller.hardware import DeviceModel
+from tvm_roller.hardware import DeviceModel, host_target
 from tvm_roller.integrations.llm.export import TESTED_FAMILIES, CacheShape, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
@@ -48,7 +48,7 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
     lm = export_lm(model, max_seq_len)
     report: list = []
-    ex = relax_compile(lm.mod, target if target is not None else "llvm", report, device=device,
+    ex = relax_compile(lm.mod, target if target is not None else host_target(), report, device=device,
                        cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
