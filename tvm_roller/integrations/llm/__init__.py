@@ -18,6 +18,7 @@ from tvm_roller.integrations.llm.export import TESTED_FAMILIES, CacheShape, expo
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
 from tvm_roller.integrations.relax import compile as relax_compile
+from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
 
 __all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheShape",
            "TESTED_FAMILIES"]
@@ -31,9 +32,8 @@ def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
     while ends[-1] * 4 < max_seq_len:
         ends.append(ends[-1] * 4)
     ends = [e for e in ends if e < max_seq_len] + [max_seq_len]
-    names = {str(k) for gv, f in mod.functions_items() if isinstance(f, tvm.relax.Function)
-             for k in (f.attrs or {}).get("tir_var_upper_bound", {})}
-    return {name: ends for name in sorted(names)}
+    return {name: ends for name, (_, hi) in sorted(module_bounds(mod).items())
+            if hi is not None}
 
 
 def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
@@ -48,8 +48,8 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
     lm = export_lm(model, max_seq_len)
     report: list = []
-    ex = relax_compile(lm.mod, target if target is not None else host_target(), report, device=device,
-                       cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
+    ex = relax_compile(lm.mod, target if target is not None else host_target(), report,
+                       device=device, cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
     raw = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
