@@ -63,6 +63,34 @@ def hf_times(model, ids, new: int):
     return prefill, max(total - prefill, 1e-9) / (new - 1), out
 
 
+def attention_profile(lm, dram: float, contexts) -> list:
+    """Per-kernel profile of one decode step at each context (the Relax VM instrument): the
+    attention kernels' time against their cache bytes at the calibrated DRAM bandwidth, and
+    how much the other kernels' time moves with the context (a copy of the cache would)."""
+    import numpy as np
+    import tvm
+
+    from tvm_roller.tools.profile_model import profile
+
+    keys, values, marker = lm.buffers()
+    dev = tvm.cpu()
+    step = tvm.runtime.tensor(np.array([[1]], dtype="int64"), dev)
+    out = []
+    for ctx in contexts:
+        args = (step, keys, values, marker._create_view((ctx,))) + tuple(lm.decode_weights)
+        rows = profile(lm.vm, args, lm.report, calls=3, func="decode")
+        attn = sum(r.measured_s for r in rows if "kv_attention" in r.name)
+        rest = sum(r.measured_s for r in rows if "kv_attention" not in r.name)
+        cache_bytes = 2 * lm.cache.layers * lm.cache.kv_heads * lm.cache.head_dim * 4 * ctx
+        bound = cache_bytes / dram
+        out.append(dict(context=ctx, attention_s=attn, attention_bound_s=bound,
+                        other_kernels_s=rest))
+        print(f"decode at context {ctx:5d}: attention kernels {attn * 1e3:7.3f} ms "
+              f"({attn / bound:.2f}x their cache bytes at DRAM bandwidth), other kernels "
+              f"{rest * 1e3:7.2f} ms", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="qwen2-0.5b", choices=sorted(CONFIGS))
@@ -108,11 +136,12 @@ def main() -> None:
               f"{hpre / pre:.2f}x)  decode {1 / dec:6.2f} tok/s (HF {1 / hdec:6.2f}, "
               f"{hdec / dec:.2f}x)  {bw / 1e9:5.1f} GB/s = {bw / dram:.0%} of DRAM  "
               f"tokens {'match' if same else 'differ'}", flush=True)
+    attention = attention_profile(lm, dram, [c for c in (128, 512, 1024) if c < lm.max_seq_len])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"peak resident memory {rss / 1e9:.2f} GB (HF's model and roller's weights both held)")
     if args.json:
         write_json(args.json, dict(config=args.config, compile_s=compile_s, rows=rows,
-                                   weight_bytes=weight_bytes, peak_rss=rss))
+                                   weight_bytes=weight_bytes, peak_rss=rss, attention=attention))
 
 
 if __name__ == "__main__":

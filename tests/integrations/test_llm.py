@@ -51,6 +51,43 @@ def test_llama_greedy_tokens_match_hf(llama_lm, prompt):
     assert all(e["status"] == "roller" or e["fallback"] == "decline" for e in lm.report)
 
 
+def test_cache_is_written_in_place_and_decode_moves_no_context_copy(llama_lm):
+    """The cache buffers are allocated once and written in place; in decode only the cache
+    kernels see the context length (nothing else copies O(context) bytes)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from tvm_roller.integrations.llm.export import export_lm
+
+    model, lm = llama_lm
+    keys, values, _ = lm.buffers()
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(9))
+    before = keys.numpy().copy()
+    lm.generate(ids, 4)
+    after = keys.numpy()
+    assert lm.buffers()[0] is keys and lm.buffers()[1] is values
+    # 5 + 4 - 1 positions written (the last token is not fed back), the rest as it was
+    assert (after[:, :, :, :8] != before[:, :, :, :8]).any()
+    np.testing.assert_array_equal(after[:, :, :, 8:], before[:, :, :, 8:])
+    kinds = {e["kind"] for e in lm.report if e["name"].startswith("decode_kv")}
+    assert kinds == {"kv-write", "kv-attention"}
+
+    mod = export_lm(model, MAX_SEQ).mod
+    symbolic = set()
+    for block in mod["decode"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and value.op.name in ("relax.call_tir",
+                                                                   "relax.call_tir_inplace"):
+                name = value.args[0].name_hint
+                shapes = [a.ty.shape for a in value.args[1].fields] + [binding.var.ty.shape]
+                if any(not isinstance(d, tvm.tirx.IntImm) for sh in shapes
+                       if hasattr(sh, "values") for d in sh.values):
+                    symbolic.add(name)
+    assert symbolic and all(n.startswith("decode_kv_") for n in symbolic), symbolic
+
+
 def test_stream_eos_and_sampling(llama_lm):
     _, lm = llama_lm
     ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(3))

@@ -165,9 +165,13 @@ def _check_signature(func: tirx.PrimFunc,
     if checker.error:
         raise UnsupportedError(checker.error)
 
+    # a scalar parameter (a shape variable's value, e.g. the position a decode step computes
+    # rotary angles at) is only a value here: the index checker declined it in an index, and
+    # it cannot reach an extent (``_block_axes`` wants static ones)
     for p in func.params:
-        if not _is_buffer(p):
-            raise UnsupportedError(f"parameter {p} is not a buffer (scalar parameters unsupported)")
+        if not _is_buffer(p) and not str(p.ty.dtype).startswith(("int", "uint", "float")):
+            raise UnsupportedError(f"parameter {p} of type {p.ty.dtype} is neither a buffer nor "
+                                   "a number")
     for buf in buffers:
         if str(buf.dtype) not in streaming_dtypes:
             raise UnsupportedError(
@@ -242,7 +246,7 @@ def _main_analysis(func: tirx.PrimFunc, infos: List[BlockInfo], main_info: Block
                    blk) -> FuncAnalysis:
     """The FuncAnalysis of the main block ``blk``: its accesses, flops, neighbours and vector
     axis (the kind still the default)."""
-    dtype = str(func.params[-1].dtype)
+    dtype = str([p for p in func.params if _is_buffer(p)][-1].dtype)
     var_order = [iv.var for iv in blk.iter_vars]
     reads = [build_access(r, var_order, "read") for r in blk.reads
              if not _is_self_read(r, blk)]

@@ -62,6 +62,7 @@ def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> i
 def param_bytes(fa: FuncAnalysis) -> int:
     """Bytes of all the function's buffer parameters, each at its own dtype (one read or write
     of every input and output: what a streaming kernel moves)."""
-    # in TVM 0.27 a buffer parameter is a Var whose type carries the shape and dtype
-    return sum(math.prod(int(s) for s in p.shape) * DTYPE_BYTES.get(str(p.dtype), 4)
-               for p in fa.func.params)
+    # in TVM 0.27 a buffer parameter is a Var whose type carries the shape and dtype (a
+    # scalar parameter's has neither: it moves nothing)
+    return sum(math.prod(int(s) for s in p.ty.shape) * DTYPE_BYTES.get(str(p.ty.dtype), 4)
+               for p in fa.func.params if getattr(p.ty, "shape", None) is not None)

@@ -103,5 +103,5 @@ def func_fingerprint(func) -> Dict[str, Any]:
     for p in f.params:
         # in 0.27 a buffer parameter is a Var with a BufferType (shape + dtype); scalars have none
         shape = getattr(getattr(p, "ty", None), "shape", None)
-        params.append([str(p.dtype), None if shape is None else [str(d) for d in shape]])
+        params.append([str(p.ty.dtype), None if shape is None else [str(d) for d in shape]])
     return {"hash": f"{tvm_ffi.structural_hash(f):016x}", "params": params}

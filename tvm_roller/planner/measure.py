@@ -62,6 +62,7 @@ def _time(sch: s_tir.Schedule, ctx: Context) -> float:
     with ctx.pass_context():
         ex = tvm.compile(tvm.IRModule({"main": func}), target=ctx.target)
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(a, dev) for a in random_arguments(func)]
+    # a scalar parameter (None) takes 1: it is a value, never an extent (``analysis.func``)
+    args = [1 if a is None else tvm.runtime.tensor(a, dev) for a in random_arguments(func)]
     timer = ex.mod.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=10)
     return float(timer(*args).median)

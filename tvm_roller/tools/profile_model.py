@@ -52,11 +52,11 @@ class KernelRow:
 
 
 def profile(vm, arg, report: List[dict], calls: int = 10,
-            fork_join_s: float = 0.0) -> List[KernelRow]:
-    """Every kernel ``vm["main"](arg)`` runs, slowest first, with its report entry and flag;
-    ``fork_join_s``: what an empty parallel region costs here (``bench.measure.fork_join_s``),
-    to tell a kernel too small to reach its bound."""
-    times = kernel_calls(vm, arg, calls)
+            fork_join_s: float = 0.0, func: str = "main") -> List[KernelRow]:
+    """Every kernel ``vm[func](arg)`` runs (a tuple ``arg``: the arguments), slowest first,
+    with its report entry and flag; ``fork_join_s``: what an empty parallel region costs here
+    (``bench.measure.fork_join_s``), to tell a kernel too small to reach its bound."""
+    times = kernel_calls(vm, arg, calls, func)
     total = sum(t for t, _ in times.values()) or 1.0
     entries: Dict[str, dict] = {e["name"]: e for e in report}
     rows = []

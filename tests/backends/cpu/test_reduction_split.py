@@ -100,3 +100,42 @@ def test_int64_extents():
     x = te.placeholder((tvm.tirx.IntImm("int64", 3), tvm.tirx.IntImm("int64", 198)), "float32",
                        name="x")
     build_and_check([x, topi.nn.softmax(x, axis=-1)], softmax)
+
+
+@pytest.mark.parametrize("rows,k,epilogue", [(1, 896, False), (97, 208, False),
+                                             (4864 // 16, 96, True), (131, 64, True)])
+def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
+    """y[n] = sum_k x[k] w[n, k] (a GEMV over a row-major matrix, alone or under an epilogue):
+    each output element a row, its dot product through 16-lane partial sums."""
+    import tvm
+    from tvm import te
+
+    from tvm_roller.hardware import host_target
+    from tvm_roller.planner import Context, ScheduleOptions, schedule_function
+
+    x = te.placeholder((1, 1, k), name="x")
+    w = te.placeholder((rows, k), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((1, 1, rows), lambda i, j, n: te.sum(x[i, j, r] * w[n, r], axis=r), name="y")
+    outs = [y]
+    if epilogue:
+        outs = [te.compute((1, 1, rows), lambda i, j, n: te.sigmoid(y[i, j, n]) * y[i, j, n],
+                           name="z")]
+    func = te.create_prim_func([x, w, outs[0]])
+    ctx = Context.make(host_target())
+    res = schedule_function(func, ctx, "gemv", ScheduleOptions(), True)
+    assert res.entry.status == "roller", res.entry.reason
+    if rows * (k // 16) >= 2 and k % 16 == 0:
+        assert "T.vectorized(16)" in res.kernel.script()
+    rng = np.random.default_rng(rows)
+    xs = rng.uniform(-1, 1, (1, 1, k)).astype("float32")
+    ws = rng.uniform(-1, 1, (rows, k)).astype("float32")
+    dev = tvm.cpu()
+    got = tvm.runtime.tensor(np.zeros((1, 1, rows), "float32"), dev)
+    lib = tvm.compile(tvm.IRModule({"main": res.kernel.with_attr("global_symbol", "main")}),
+                      target=ctx.target)
+    lib["main"](tvm.runtime.tensor(xs, dev), tvm.runtime.tensor(ws, dev), got)
+    ref = xs[0, 0].astype("f8") @ ws.T.astype("f8")
+    if epilogue:
+        ref = ref / (1 + np.exp(-ref))
+    np.testing.assert_allclose(got.numpy()[0, 0], ref, rtol=1e-5, atol=1e-5)

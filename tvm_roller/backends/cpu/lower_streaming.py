@@ -137,6 +137,10 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
     rows = 1
     for l in row_loops:
         rows *= extent(sch, l) or 1
+    if rows < 2 * cores and not out_red and _reduces_per_element(sch, names[:-1], out_loops):
+        # a GEMV with its epilogue (bias, activation): each output element is a row (a dot
+        # product), not the output's last axis a vectorized column
+        row_loops, rows = out_loops, rows * (extent(sch, out_loops[-1]) or 1)
 
     if rows >= 2 * cores:
         if not out_red and len(block_names(sch)) == 1:
@@ -153,6 +157,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
             blk = sch.get_sblock(name)
             if name not in at_root and is_reduction(sch, blk):
                 rfactor_vectorize_reduction(sch, blk, lanes, lanes_last=True)
+        if out_red:  # rows of dot products (a GEMV over a row-major matrix): lanes too
+            rfactor_vectorize_reduction(sch, out, lanes, lanes_last=True)
         out_loops = sch.get_loops(out)
         row_loops = out_loops[:len(row_loops)]
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
@@ -167,7 +173,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
             elif is_reduction(sch, blk):
                 vectorize_lanes_under_row(sch, blk, row, lanes)
             else:
-                ls = [l for l in sch.get_loops(blk) if not l.same_as(row)]
+                # (loop handles from get_loops are new objects: compare the loops)
+                ls = [l for l in sch.get_loops(blk) if not sch.get(l).same_as(sch.get(row))]
                 if ls and not is_vectorized(sch, ls[-1]):
                     vectorize_inner(sch, ls[-1], lanes, partition=True)
         return sch
@@ -180,6 +187,24 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
         else:
             parallel_vectorize_block(sch, blk, lanes, cores, partition=True)
     return sch
+
+
+def _reduces_per_element(sch: s_tir.Schedule, stages: List[str], out_loops) -> bool:
+    """A reduction among ``stages`` whose spatial extent is the output's element count: one
+    reduction per output element (a matrix-vector product under an elementwise epilogue)."""
+    elements = 1
+    for l in out_loops:
+        elements *= extent(sch, l) or 1
+    for name in stages:
+        blk = sch.get_sblock(name)
+        if is_reduction(sch, blk):
+            spatial = 1
+            for iv in sch.get(blk).iter_vars:
+                if iv.iter_type == 0:
+                    spatial *= _iv_extent(iv) or 0
+            if spatial == elements:
+                return True
+    return False
 
 
 #: a stage whose iterations grow by more than this under the row loop is recomputed per row

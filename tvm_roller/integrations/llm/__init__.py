@@ -5,7 +5,8 @@
     for token in lm.stream(input_ids, 64, do_sample=True, top_p=0.9, seed=0): ...
     lm.stats                                             # prefill / decode seconds and tokens
 
-Batch 1. The cache is explicit tensors (``export``): decode returns it one token longer.
+Batch 1. The key/value cache is two buffers of ``max_seq_len`` positions, written in place
+(``export``): a decode step reads the weights and the cache once and writes one position.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from typing import Dict, List, Optional
 import tvm
 
 from tvm_roller.hardware import DeviceModel, host_target
-from tvm_roller.integrations.llm.export import TESTED_FAMILIES, CacheShape, export_lm
+from tvm_roller.backends.cpu.kv_cache import CacheLayout
+from tvm_roller.integrations.llm.export import TESTED_FAMILIES, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
 from tvm_roller.integrations.relax import compile as relax_compile
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
 
-__all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheShape",
+__all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
            "TESTED_FAMILIES"]
 
 
@@ -47,12 +49,13 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     if max_seq_len < 3:
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
     lm = export_lm(model, max_seq_len)
-    report: list = []
+    report: list = list(lm.kernels)
     ex = relax_compile(lm.mod, target if target is not None else host_target(), report,
                        device=device, cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
-    raw = [tvm.runtime.tensor(w.contiguous().numpy(), dev) for w in lm.weights]
-    prepared = list(vm["transform_params"](raw))
-    del raw  # only the prepared weights are held
-    return CausalLM(vm, prepared, lm.cache, lm.vocab, max_seq_len, report)
+    # the weights as torch holds them (no copy: decode reads them in place) and prefill's
+    # transposes made from them once
+    raw = [tvm.runtime.from_dlpack(w.contiguous()) for w in lm.weights]
+    prepared = list(vm["prefill_transform_params"](raw))
+    return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, report)

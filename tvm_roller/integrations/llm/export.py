@@ -1,25 +1,31 @@
-"""A HuggingFace causal LM as one Relax module: ``prefill`` and ``decode`` over an explicit cache.
+"""A HuggingFace causal LM as one Relax module: ``prefill`` and ``decode`` over a cache updated
+in place.
 
-Both functions are ``torch.export``-ed from the same model and imported with the weights as
-parameters (``keep_params_as_input``), in the same order, so one set of weight tensors serves
-both (the weights are held once):
+Both functions are ``torch.export``-ed from the same model with the "roller" attention
+(``cache_ops``) and imported with the weights as parameters (``keep_params_as_input``), in the
+same order, so one set of weight tensors serves both:
 
-* ``transform_params((weights...)) -> prepared`` (run once: the weights' transposes lifted out
-  of both functions, ``LiftTransformParams``)
-* ``prefill(ids[1, n], *prepared) -> (logits[1, vocab], keys, values)``
-* ``decode(ids[1, 1], keys, values, *prepared) -> (logits[1, vocab], keys', values')``
+* ``prefill_transform_params((weights...)) -> prepared`` (run once: the transposes prefill's
+  GEMMs want, ``LiftTransformParams``)
+* ``prefill(ids[1, n], keys, values, *prepared) -> (logits[1, vocab], keys, values)``
+* ``decode(ids[1, 1], keys, values, marker[n], *weights) -> (logits[1, vocab], keys, values)``
+  (its GEMVs read the weights as torch holds them: ``FuseTransposeMatmul``)
 
-``keys`` / ``values`` are ``[layers, 1, kv_heads, length, head_dim]``. The cache is functional
-here: ``decode`` returns the cache one token longer, a copy of it per step.
+``keys`` / ``values`` are the cache buffers of ``max_seq_len`` positions (rounded up to whole
+attention blocks: ``backends.cpu.kv_cache``), written in place: a prompt's positions by
+``prefill``, the one new position (``n - 1``, ``n`` the marker's length) by ``decode``; the
+returned caches are the same buffers.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import List, Tuple
 
 import tvm
 from tvm import relax
 
+from tvm_roller.backends.cpu.kv_cache import CacheLayout, padded_length
 from tvm_roller.core.errors import UnsupportedError
 
 # the families the tests generate with against HF (others are tried, and declined with the
@@ -28,27 +34,18 @@ TESTED_FAMILIES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 
 
 @dataclass(frozen=True)
-class CacheShape:
-    """The cache's dimensions: ``[layers, 1, kv_heads, length, head_dim]``."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str = "float32"
-
-
-@dataclass(frozen=True)
 class ExportedLM:
-    """The module (``prefill`` and ``decode``), the weights both take after their inputs, and the
-    cache's shape."""
+    """The module (``prefill`` and ``decode``), the weights both take after their inputs, the
+    cache's layout and the kernels the cache ops added (report entries)."""
 
     mod: tvm.IRModule
     weights: Tuple[object, ...]  # torch tensors, in the functions' parameter order
-    cache: CacheShape
+    cache: CacheLayout
     vocab: int
+    kernels: Tuple[dict, ...]
 
 
-def cache_shape(model) -> CacheShape:
+def cache_layout(model, max_seq_len: int) -> CacheLayout:
     """The cache's dimensions from the model's config (declines what the cache cannot hold)."""
     cfg = model.config
     layers = _first(cfg, "num_hidden_layers", "n_layer")
@@ -56,11 +53,10 @@ def cache_shape(model) -> CacheShape:
     hidden = _first(cfg, "hidden_size", "n_embd")
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) \
-            and getattr(cfg, "layer_types", None) and "sliding_attention" in cfg.layer_types:
-        raise UnsupportedError(f"{cfg.model_type}: sliding-window attention layers are not "
-                               "supported yet (the cache keeps every position)")
-    return CacheShape(int(layers), int(kv), int(head_dim))
+    if heads % kv:
+        raise UnsupportedError(f"{cfg.model_type}: {heads} query heads over {kv} kv heads")
+    return CacheLayout(int(layers), int(kv), int(head_dim), padded_length(max_seq_len),
+                       int(heads))
 
 
 def _is_causal_lm(model) -> bool:
@@ -83,40 +79,58 @@ def export_lm(model, max_seq_len: int) -> ExportedLM:
     if not _is_causal_lm(model):
         raise UnsupportedError(f"expected a transformers causal LM (*ForCausalLM, "
                                f"GPT2LMHeadModel), got {type(model).__name__}")
-    shape = cache_shape(model)
-    model = model.eval()
-    prefill_ep, decode_ep = _export(model, shape, max_seq_len)
+    from tvm_roller.integrations.llm.cache_convert import converters
+
+    layout = cache_layout(model, max_seq_len)
+    prefill_ep, decode_ep = _export(model.eval(), layout, max_seq_len)
     names = [_param_names(ep) for ep in (prefill_ep, decode_ep)]
     if names[0] != names[1]:
         raise UnsupportedError("prefill and decode take different weights")
-    mod = tvm.IRModule({"prefill": _import(prefill_ep, "prefill"),
-                        "decode": _import(decode_ep, "decode")})
-    # what only depends on the weights (the transposes of every Linear's weight) into one
-    # ``transform_params`` run once at load: otherwise each call copies every weight
-    mod = relax.transform.LiftTransformParams(shared_transform=True)(mod)
+    kernels: list = []
+    prefill_mod, decode_mod = tvm.IRModule(), tvm.IRModule()
+    _import(prefill_ep, "prefill", converters(kernels, "prefill"), prefill_mod)
+    _import(decode_ep, "decode", converters(kernels, "decode"), decode_mod)
+    # decode's matmuls are GEMVs: over the weights as torch holds them (rows of dot products
+    # along contiguous memory, read in place), not over their transposes
+    decode_mod = relax.transform.FuseTransposeMatmul()(decode_mod)
+    # what only depends on the weights in prefill (the transposes of every Linear's weight:
+    # its GEMMs want them) into ``prefill_transform_params``, run once at load
+    mod = relax.transform.LiftTransformParams()(prefill_mod)
+    for gv, func in decode_mod.functions_items():
+        mod[gv] = func
     weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    return ExportedLM(mod, weights, shape, vocab)
+    return ExportedLM(mod, weights, layout, vocab, tuple(kernels))
 
 
-def _export(model, shape: CacheShape, max_seq_len: int):
+def _export(model, layout: CacheLayout, max_seq_len: int):
     import torch
 
+    from tvm_roller.integrations.llm.cache_ops import ATTENTION, register
+
+    register()
     prefill_cls, decode_cls = _wrappers()
-    prefill, decode = prefill_cls(model, shape), decode_cls(model)
+    prefill, decode = prefill_cls(model, max_seq_len), decode_cls(model, max_seq_len)
     n = torch.export.Dim.DYNAMIC(min=2, max=max_seq_len)
-    past = torch.export.Dim.DYNAMIC(min=1, max=max_seq_len - 1)
     ids = torch.zeros((1, 5), dtype=torch.long)
-    cache = torch.zeros((shape.layers, 1, shape.kv_heads, 5, shape.head_dim))
+    keys, values = torch.zeros(layout.key_shape), torch.zeros(layout.value_shape)
+    marker = torch.zeros((5,), dtype=torch.long)
+    previous = model.config._attn_implementation
     try:
+        model.config._attn_implementation = ATTENTION
         with torch.no_grad():
-            p = torch.export.export(prefill, (ids,), dynamic_shapes=({1: n},))
-            d = torch.export.export(decode, (ids[:, :1], cache, cache.clone()),
-                                    dynamic_shapes=(None, {3: past}, {3: past}))
+            p = torch.export.export(prefill, (ids, keys, values),
+                                    dynamic_shapes=({1: n}, None, None))
+            d = torch.export.export(decode, (ids[:, :1], keys, values, marker),
+                                    dynamic_shapes=(None, None, None, {0: n}))
+    except UnsupportedError:
+        raise
     except Exception as err:  # noqa: BLE001  (torch.export's many error types: a decline)
         raise UnsupportedError(f"{model.config.model_type}: torch.export failed "
                                f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") \
             from err
+    finally:
+        model.config._attn_implementation = previous
     return p, d
 
 
@@ -126,19 +140,18 @@ def _param_names(ep) -> List[str]:
     return [s.target for s in ep.graph_signature.input_specs if s.kind is InputKind.PARAMETER]
 
 
-def _import(ep, name: str):
+def _import(ep, name: str, convert: dict, into: tvm.IRModule) -> None:
+    """``ep`` as the Relax function ``name`` in ``into``, with the kernels its cache ops added
+    (each function's named apart: ``converters``' prefix)."""
     from tvm.relax.frontend.torch import from_exported_program
 
     # the weights travel as arguments (one set for both functions), not as an attribute
-    func = from_exported_program(ep, keep_params_as_input=True)["main"]
-    return func.without_attr("params").with_attr("global_symbol", name)
-
-
-def _stack(cache) -> tuple:
-    import torch
-
-    return (torch.stack([layer.keys for layer in cache.layers]),
-            torch.stack([layer.values for layer in cache.layers]))
+    mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=convert)
+    for gv, func in mod.functions_items():
+        if gv.name_hint == "main":
+            into[name] = func.without_attr("params").with_attr("global_symbol", name)
+        else:
+            into[gv] = func
 
 
 def _wrappers():
@@ -147,41 +160,60 @@ def _wrappers():
     import torch
     from transformers.cache_utils import Cache, DynamicLayer
 
+    from tvm_roller.integrations.llm.cache_ops import TraceState, trace_state
+
     class Layer(DynamicLayer):
-        """HF's layer starts from a 1-D ``tensor([])`` it concatenates onto (TVM's concat
-        wants equal ranks): this one from the first keys' shape with no positions."""
+        """A layer that holds nothing: the "roller" attention writes the cache buffers; this
+        only tells HF how many positions came before (``past``)."""
 
-        def lazy_initialization(self, key_states, value_states):
-            super().lazy_initialization(key_states, value_states)
-            self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
+        def __init__(self, past):
+            super().__init__()
+            self.past = past
 
-    def cache(layers: int) -> Cache:
-        return Cache(layers=[Layer() for _ in range(layers)])
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.is_initialized = True
+            return key_states, value_states
+
+        def get_seq_length(self):
+            return self.past
+
+        def get_mask_sizes(self, query_length):
+            return self.past + query_length, 0
+
+    def traced(model, state: TraceState, ids, past):
+        # the logits of the last position only (the LM head a GEMV in prefill too)
+        keep = {"logits_to_keep": 1} \
+            if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        token = trace_state().set(state)
+        try:
+            kv = Cache(layers=[Layer(past) for _ in range(state.keys.shape[0])])
+            out = model(input_ids=ids, past_key_values=kv, use_cache=True, **keep)
+        finally:
+            trace_state().reset(token)
+        return out.logits[:, -1, :], state.keys, state.values
 
     class Prefill(torch.nn.Module):
-        """The prompt's logits at its last position and its whole cache."""
+        """The prompt's logits at its last position; its keys and values written at
+        ``[0, n)``."""
 
-        def __init__(self, model, shape: CacheShape):
+        def __init__(self, model, max_seq_len: int):
             super().__init__()
-            self.model, self.layers = model, shape.layers
-
-        def forward(self, ids):
-            kv = cache(self.layers)
-            out = self.model(input_ids=ids, past_key_values=kv, use_cache=True)
-            return (out.logits[:, -1, :],) + _stack(kv)
-
-    class Decode(torch.nn.Module):
-        """One token's logits against the cache, and the cache one token longer."""
-
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
+            self.model, self.max_seq_len = model, max_seq_len
 
         def forward(self, ids, keys, values):
-            kv = cache(keys.shape[0])
-            for i, layer in enumerate(kv.layers):
-                layer.update(keys[i], values[i])
-            out = self.model(input_ids=ids, past_key_values=kv, use_cache=True)
-            return (out.logits[:, -1, :],) + _stack(kv)
+            state = TraceState(keys, values, ids[0], False, self.max_seq_len)
+            return traced(self.model, state, ids, 0)
+
+    class Decode(torch.nn.Module):
+        """One token's logits against positions ``[0, n - 1)``, its keys and values written at
+        ``n - 1`` (``n`` the marker's length)."""
+
+        def __init__(self, model, max_seq_len: int):
+            super().__init__()
+            self.model, self.max_seq_len = model, max_seq_len
+
+        def forward(self, ids, keys, values, marker):
+            state = TraceState(keys, values, marker, True, self.max_seq_len)
+            return traced(self.model, state, ids, marker.shape[0] - 1)
 
     return Prefill, Decode

@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Sequence, Union
 import numpy as np
 import tvm
 
-from tvm_roller.integrations.llm.export import CacheShape
+from tvm_roller.backends.cpu.kv_cache import CacheLayout
 from tvm_roller.integrations.llm.sampling import Sampling, TokenPicker
 
 
@@ -36,12 +36,25 @@ class CausalLM:
     they come). ``report``: one entry per PrimFunc of both functions (``relax.compile``'s)."""
 
     vm: tvm.relax.VirtualMachine
-    weights: List[tvm.runtime.Tensor]
-    cache: CacheShape
+    weights: List[tvm.runtime.Tensor]  # prefill's (its transposes)
+    decode_weights: List[tvm.runtime.Tensor]  # the model's own tensors, shared with torch
+    cache: CacheLayout
     vocab: int
     max_seq_len: int
     report: list = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    _buffers: Optional[tuple] = field(default=None, repr=False)
+
+    def buffers(self) -> tuple:
+        """The key and value caches (zeroed once: positions past the live length inside an
+        attention block are read and masked, so they must hold finite values) and the marker
+        whose prefix views give decode the live length."""
+        if self._buffers is None:
+            dev = tvm.cpu()
+            self._buffers = (tvm.runtime.tensor(np.zeros(self.cache.key_shape, "float32"), dev),
+                             tvm.runtime.tensor(np.zeros(self.cache.value_shape, "float32"), dev),
+                             tvm.runtime.tensor(np.zeros(self.cache.length, "int64"), dev))
+        return self._buffers
 
     def generate(self, input_ids, max_new_tokens: int = 20,
                  eos_token_id: Union[None, int, Sequence[int]] = None, *,
@@ -73,17 +86,20 @@ class CausalLM:
         if max_new_tokens == 0:
             return
         dev = tvm.cpu()
+        keys, values, marker = self.buffers()
+        prefill, decode = self.vm["prefill"], self.vm["decode"]
         t0 = time.perf_counter()
-        logits, keys, values = self.vm["prefill"](tvm.runtime.tensor(prompt, dev), *self.weights)
+        logits = prefill(tvm.runtime.tensor(prompt, dev), keys, values, *self.weights)[0]
         token = pick(logits.numpy())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
         yield token
-        for _ in range(max_new_tokens - 1):
+        for length in range(prompt.shape[1] + 1, prompt.shape[1] + max_new_tokens):
             if token in stops:
                 return
             t0 = time.perf_counter()
             step = tvm.runtime.tensor(np.array([[token]], dtype="int64"), dev)
-            logits, keys, values = self.vm["decode"](step, keys, values, *self.weights)
+            logits = decode(step, keys, values, marker._create_view((length,)),
+                            *self.decode_weights)[0]
             token = pick(logits.numpy())
             self.stats.decode_s += time.perf_counter() - t0
             self.stats.decode_tokens += 1

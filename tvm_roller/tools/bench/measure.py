@@ -52,14 +52,16 @@ def kernel_times(vm, arg, calls: int) -> Dict[str, float]:
     return {name: t for name, (t, _) in kernel_calls(vm, arg, calls).items()}
 
 
-def kernel_calls(vm, arg, calls: int) -> Dict[str, Tuple[float, int]]:
+def kernel_calls(vm, arg, calls: int, func: str = "main") -> Dict[str, Tuple[float, int]]:
     """(seconds, invocations) per call of the model of each PrimFunc the VM runs for
-    ``vm["main"](arg)`` (a kernel the model calls in every layer runs several times)."""
+    ``vm[func](arg)`` (a tuple ``arg``: the arguments; a kernel the model calls in every layer
+    runs several times)."""
     from tvm import relax
 
     acc: Dict[str, float] = collections.defaultdict(float)
     count: Dict[str, int] = collections.defaultdict(int)
     start: Dict[str, float] = {}
+    args = arg if isinstance(arg, tuple) else (arg,)
 
     def instrument(func, name, before_run, ret_value, *rest):
         if before_run:
@@ -69,10 +71,10 @@ def kernel_calls(vm, arg, calls: int) -> Dict[str, Tuple[float, int]]:
             count[name] += 1
         return relax.VMInstrumentReturnKind.NO_OP
 
-    vm["main"](arg)  # untimed: the first call allocates
+    vm[func](*args)  # untimed: the first call allocates
     vm.set_instrument(instrument)
     for _ in range(calls):
-        vm["main"](arg)
+        vm[func](*args)
     vm.set_instrument(None)
     return {name: (t / calls, count[name] // calls) for name, t in acc.items()}
 

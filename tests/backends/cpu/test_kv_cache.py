@@ -1,0 +1,75 @@
+"""The in-place key/value cache kernels: writes of new positions and one query's attention over
+the cache (split along the context), against float64 references on random data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_roller.backends.cpu.kv_cache import (BLOCK, CacheLayout, attention_kernel,
+                                              padded_length, write_kernel)
+from tvm_roller.hardware import host_target
+
+
+def _build(func):
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    return tvm.compile(mod, target=host_target()).mod["main"]
+
+
+def _tensor(a):
+    return tvm.runtime.tensor(np.ascontiguousarray(a), tvm.cpu())
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (7, 1, 32), (3, 3, 64)])
+def test_write_then_attend_matches_float64(heads, kv_heads, head_dim):
+    layers, layer, total = 3, 1, 131  # a prime: the last block is partial
+    lay = CacheLayout(layers, kv_heads, head_dim, padded_length(total), heads)
+    assert lay.length % BLOCK == 0 and lay.length >= total
+    rng = np.random.default_rng(heads)
+    keys = rng.standard_normal((1, kv_heads, total, head_dim)).astype("float32")
+    values = rng.standard_normal((1, kv_heads, total, head_dim)).astype("float32")
+    kc, vc = _tensor(np.zeros(lay.key_shape, "float32")), _tensor(np.zeros(lay.value_shape,
+                                                                         "float32"))
+    write_k, write_v = _build(write_kernel(lay, layer, True)), _build(write_kernel(lay, layer,
+                                                                                  False))
+    # a prompt of 1 position, then 60, then one at a time: positions [n - m, n) each time
+    ends = [1, 61] + list(range(62, total + 1))
+    start = 0
+    for end in ends:
+        marker = _tensor(np.zeros(end, "int64"))
+        write_k(kc, _tensor(keys[:, :, start:end]), marker)
+        write_v(vc, _tensor(values[:, :, start:end]), marker)
+        start = end
+    np.testing.assert_array_equal(kc.numpy()[layer][:, :, :total], keys[0].transpose(0, 2, 1))
+    np.testing.assert_array_equal(vc.numpy()[layer][:, :total], values[0])
+    assert not kc.numpy()[0].any() and not vc.numpy()[2].any()  # other layers untouched
+
+    scale = 1.0 / np.sqrt(head_dim)
+    attend = _build(attention_kernel(lay, layer, scale))
+    group = heads // kv_heads
+    for n in (1, 2, BLOCK - 1, BLOCK, BLOCK + 1, total):
+        q = rng.standard_normal((1, heads, 1, head_dim)).astype("float32")
+        out = _tensor(np.full((1, 1, heads, head_dim), np.nan, "float32"))
+        attend(_tensor(q), kc, vc, _tensor(np.zeros(n, "int64")), out)
+        k = np.repeat(keys[0, :, :n].astype("f8"), group, 0)
+        v = np.repeat(values[0, :, :n].astype("f8"), group, 0)
+        s = np.einsum("hd,hjd->hj", q[0, :, 0].astype("f8"), k) * scale
+        p = np.exp(s - s.max(1, keepdims=True))
+        ref = np.einsum("hj,hjd->hd", p / p.sum(1, keepdims=True), v)
+        np.testing.assert_allclose(out.numpy()[0, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_far_below_the_maximum_scores_weigh_nothing():
+    """Scores e^-90 below the best: weights 0 (no subnormal arithmetic), the result the best
+    position's value."""
+    lay = CacheLayout(1, 1, 16, padded_length(5), 1)
+    kc = np.zeros(lay.key_shape, "float32")
+    vc = np.zeros(lay.value_shape, "float32")
+    kc[0, 0, 0, :5] = [0.0, 0.0, 100.0, 0.0, 0.0]  # only d = 0 of the keys
+    vc[0, 0, :5] = np.arange(5, dtype="float32")[:, None]
+    q = np.zeros((1, 1, 1, 16), "float32")
+    q[0, 0, 0, 0] = 1.0
+    out = _tensor(np.zeros((1, 1, 1, 16), "float32"))
+    _build(attention_kernel(lay, 0, 1.0))(_tensor(q), _tensor(kc), _tensor(vc),
+                                          _tensor(np.zeros(5, "int64")), out)
+    np.testing.assert_allclose(out.numpy()[0, 0, 0], np.full(16, 2.0), rtol=1e-6)

@@ -1,0 +1,114 @@
+"""The torch side of the in-place cache: two custom ops ``torch.export`` keeps whole, and the
+HuggingFace attention function and cache layer that call them.
+
+* ``roller::kv_write(cache, new, marker, layer, keys)``: ``cache`` with ``new``
+  (``[1, kv_heads, m, head_dim]``) written at positions ``[n - m, n)`` of ``layer``, ``n`` the
+  marker's length (keys transposed: ``backends.cpu.kv_cache``). Functional here (a clone); the
+  import (``cache_convert``) makes it an in-place write of m positions.
+* ``roller::kv_attention(q, keys, values, marker, layer, scale)``: one query position's
+  attention over positions ``[0, n)`` of ``layer``.
+
+A model traced with the "roller" attention writes each layer's new keys and values through
+``kv_write`` (threading the cache from layer to layer) and, for one new position, attends with
+``kv_attention``; a prompt attends over its own keys with HF's sdpa attention as before.
+"""
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tvm_roller.core.errors import UnsupportedError
+
+ATTENTION = "roller"
+
+
+@torch.library.custom_op("roller::kv_write", mutates_args=())
+def kv_write(cache: torch.Tensor, new: torch.Tensor, marker: torch.Tensor, layer: int,
+             keys: bool) -> torch.Tensor:
+    out = cache.clone()
+    n, m = marker.shape[0], new.shape[2]
+    if keys:
+        out[layer, :, :, n - m:n] = new[0].transpose(1, 2)
+    else:
+        out[layer, :, n - m:n, :] = new[0]
+    return out
+
+
+@kv_write.register_fake
+def _(cache, new, marker, layer, keys):
+    return torch.empty_like(cache)
+
+
+@torch.library.custom_op("roller::kv_attention", mutates_args=())
+def kv_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 marker: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+    n, heads = marker.shape[0], q.shape[1]
+    group = heads // keys.shape[1]
+    k = keys[layer, :, :, :n].transpose(1, 2).repeat_interleave(group, 0)   # [heads, n, d]
+    v = values[layer, :, :n, :].repeat_interleave(group, 0)
+    p = torch.softmax(q[0] @ k.transpose(1, 2) * scale, dim=-1)             # [heads, 1, n]
+    return (p @ v).transpose(0, 1).unsqueeze(0).contiguous()                # [1, 1, heads, d]
+
+
+@kv_attention.register_fake
+def _(q, keys, values, marker, layer, scale):
+    return q.new_empty((1, 1, q.shape[1], q.shape[3]))
+
+
+@dataclass
+class TraceState:
+    """The caches as they thread through the layers of the traced call, and the marker."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    marker: torch.Tensor
+    decode: bool
+    max_seq_len: int
+
+
+_STATE: contextvars.ContextVar[Optional[TraceState]] = contextvars.ContextVar("roller_kv_state",
+                                                                             default=None)
+
+
+def trace_state() -> contextvars.ContextVar:
+    """Set around a traced call (``export``): the state the attention function threads."""
+    return _STATE
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+              sliding_window=None, softcap=None, **kwargs):
+    """HF's attention-function interface: the new keys / values into the cache, then the
+    prompt's causal attention (sdpa) or one position's attention over the cache."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    state = _STATE.get()
+    if state is None:
+        raise UnsupportedError("the 'roller' attention runs only inside tvm_roller.llm's export")
+    if softcap is not None:
+        raise UnsupportedError("attention logit soft-capping is not supported yet")
+    if sliding_window is not None and sliding_window < state.max_seq_len:
+        raise UnsupportedError(f"sliding-window attention ({sliding_window} positions, below "
+                               f"max_seq_len {state.max_seq_len}) is not supported yet")
+    layer = module.layer_idx
+    scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    state.keys = torch.ops.roller.kv_write(state.keys, key, state.marker, layer, True)
+    state.values = torch.ops.roller.kv_write(state.values, value, state.marker, layer, False)
+    if state.decode:
+        out = torch.ops.roller.kv_attention(query, state.keys, state.values, state.marker,
+                                            layer, scale)
+        return out, None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                                  scaling=scale, **kwargs)
+
+
+def register() -> None:
+    """The "roller" attention (and sdpa's causal mask under its name) in HF's registries."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
