@@ -13,6 +13,7 @@ from tvm_roller.analysis.schedule import (add_unit_loops, attempt, block_names, 
 from tvm_roller.backends.cpu.loops import (block_2d, element_steps, is_copy, is_vectorized,
                                            parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
+from tvm_roller.backends.cpu.lower_gemv import dot_product_rows
 from tvm_roller.backends.cpu.reduction_split import split_unaligned_reductions
 from tvm_roller.core.rtile import RTile
 
@@ -130,6 +131,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
             inline_within(sch, blk)
     names = block_names(sch)
     out = sch.get_sblock(out_name)
+    if _dot_products(sch, names, lanes, cores):
+        return sch
     out_loops = sch.get_loops(out)
     out_red = is_reduction(sch, out)
     row_loops = out_loops[:-1] if not out_red else out_loops[:len(out_loops) - sum(
@@ -187,6 +190,26 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
         else:
             parallel_vectorize_block(sch, blk, lanes, cores, partition=True)
     return sch
+
+
+def _dot_products(sch: s_tir.Schedule, names: List[str], lanes: int, cores: int) -> bool:
+    """A reduction alone, or under one elementwise epilogue over the same elements, with many
+    output elements: rows of dot products (``lower_gemv``); whether it was scheduled so."""
+    if not 1 <= len(names) <= 2 or not is_reduction(sch, sch.get_sblock(names[0])):
+        return False
+    out = sch.get_sblock(names[-1])
+    if len(names) == 2 and (is_reduction(sch, out)
+                            or not _reduces_per_element(sch, names[:1], sch.get_loops(out))):
+        return False
+    elements = 1
+    for iv in sch.get(out).iter_vars:
+        if iv.iter_type == 0:
+            elements *= _iv_extent(iv) or 0
+    trial = sch.copy()
+    if not dot_product_rows(trial, trial.get_sblock(names[0]), trial.get_sblock(names[-1]),
+                            elements, lanes, cores):
+        return False
+    return dot_product_rows(sch, sch.get_sblock(names[0]), out, elements, lanes, cores)
 
 
 def _reduces_per_element(sch: s_tir.Schedule, stages: List[str], out_loops) -> bool:
