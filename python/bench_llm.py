@@ -25,30 +25,7 @@ import tvm_roller.llm as llm  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.planner import Context  # noqa: E402
 from tvm_roller.tools.bench.measure import write_json  # noqa: E402
-
-CONFIGS = {
-    "qwen2-0.5b": ("Qwen2", dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14,
-                                 num_key_value_heads=2, intermediate_size=4864,
-                                 vocab_size=151936, tie_word_embeddings=True,
-                                 max_position_embeddings=32768)),
-    "llama-3.2-1b": ("Llama", dict(num_hidden_layers=16, hidden_size=2048,
-                                   num_attention_heads=32, num_key_value_heads=8,
-                                   intermediate_size=8192, vocab_size=128256,
-                                   tie_word_embeddings=True, max_position_embeddings=131072)),
-    "tiny": ("Llama", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=96, vocab_size=97,
-                           max_position_embeddings=4096)),
-}
-
-
-def build(name: str):
-    import transformers
-
-    family, kw = CONFIGS[name]
-    cfg = getattr(transformers, f"{family}Config")(**kw)
-    torch.manual_seed(0)
-    return getattr(transformers, f"{family}ForCausalLM")(cfg).eval(), cfg
-
+from tvm_roller.tools.examples.llm_configs import CONFIGS, build  # noqa: E402
 
 def hf_times(model, ids, new: int):
     """(prefill s, decode s per token, tokens) of HF's greedy generate."""

@@ -63,13 +63,17 @@ def test_cache_is_written_in_place_and_decode_moves_no_context_copy(llama_lm):
     model, lm = llama_lm
     keys, values, _ = lm.buffers()
     ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(9))
-    before = keys.numpy().copy()
+    def by_position(blocked):  # [layers, kv, blocks, head_dim, block] -> [..., position, d]
+        return blocked.transpose(0, 1, 2, 4, 3).reshape(*blocked.shape[:2], -1,
+                                                        blocked.shape[3])
+
+    before = by_position(keys.numpy().copy())
     lm.generate(ids, 4)
-    after = keys.numpy()
+    after = by_position(keys.numpy())
     assert lm.buffers()[0] is keys and lm.buffers()[1] is values
     # 5 + 4 - 1 positions written (the last token is not fed back), the rest as it was
-    assert (after[:, :, :, :8] != before[:, :, :, :8]).any()
-    np.testing.assert_array_equal(after[:, :, :, 8:], before[:, :, :, 8:])
+    assert (after[:, :, :8] != before[:, :, :8]).any()
+    np.testing.assert_array_equal(after[:, :, 8:], before[:, :, 8:])
     kinds = {e["kind"] for e in lm.report if e["name"].startswith("decode_kv")}
     assert kinds == {"kv-write", "kv-attention"}
 
@@ -158,3 +162,38 @@ def test_sampling_top_p_keeps_the_smallest_set_reaching_it():
     drawn = {pick(logits) for _ in range(200)}
     assert drawn == {0, 1}  # 0.5 < 0.7 <= 0.8: the first two
     assert TokenPicker(Sampling())(logits) == 0
+
+
+def test_cache_ops_eager_match_the_kernels():
+    """The torch ops' own (eager) implementations agree with the compiled kernels' layout."""
+    import numpy as np
+    import tvm
+
+    from tvm_roller.backends.cpu.kv_cache import (CacheLayout, attention_kernel,
+                                                  padded_length, write_kernel)
+    from tvm_roller.hardware import host_target
+    from tvm_roller.integrations.llm import cache_ops
+
+    lay = CacheLayout(2, 2, 16, padded_length(70), 6)
+    keys = torch.zeros(lay.key_shape)
+    values = torch.zeros(lay.value_shape)
+    new = torch.randn(1, 2, 67, 16, generator=torch.Generator().manual_seed(4))
+    marker = torch.zeros(67, dtype=torch.long)
+    k_eager = cache_ops.kv_write(keys, new, marker, 1, True)
+    v_eager = cache_ops.kv_write(values, new, marker, 1, False)
+
+    def build(func):
+        return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                           target=host_target())["main"]
+
+    kc, vc = tvm.runtime.tensor(keys.numpy()), tvm.runtime.tensor(values.numpy())
+    m = tvm.runtime.tensor(marker.numpy())
+    build(write_kernel(lay, 1, True))(kc, tvm.runtime.tensor(new.numpy()), m)
+    build(write_kernel(lay, 1, False))(vc, tvm.runtime.tensor(new.numpy()), m)
+    np.testing.assert_array_equal(kc.numpy(), k_eager.numpy())
+    np.testing.assert_array_equal(vc.numpy(), v_eager.numpy())
+    q = torch.randn(1, 6, 1, 16, generator=torch.Generator().manual_seed(5))
+    want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
+    got = tvm.runtime.tensor(np.zeros((1, 1, 6, 16), "float32"))
+    build(attention_kernel(lay, 1, 0.25))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

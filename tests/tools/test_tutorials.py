@@ -37,6 +37,9 @@ NOTEBOOKS = {
                                 "max relative error vs float64 numpy", "'tir_var_upper_bound': {",
                                 "seq 100: output (1, 100, 768), max relative error vs PyTorch",
                                 "PrimFuncs scheduled by roller with buckets"],
+    "08_llm_generation.ipynb": ["scheduled by roller", "cache kernels: ['kv-attention', "
+                                "'kv-write']", "greedy tokens identical to HF generate: True",
+                                "of DRAM", "plot written to"],
 }
 
 

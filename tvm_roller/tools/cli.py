@@ -1,5 +1,5 @@
 """``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``, ``compile-model``,
-``profile-model``, ``costcheck``.
+``profile-model``, ``costcheck``, ``generate``.
 
 Heavy imports (tvm, torch, roller itself) happen inside the subcommands so ``--help`` is instant.
 """
@@ -161,6 +161,23 @@ def _cmd_costcheck(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """Compile a causal LM with tvm_roller.llm (MODEL: a named configuration with random
+    weights, qwen2-0.5b, llama-3.2-1b or tiny, or a local HuggingFace directory), generate
+    new tokens after a prompt of token ids with a progress bar, and print prefill and decode
+    tokens per second."""
+    from tvm_roller.tools.generate import format_result, generate
+
+    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else None
+    sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p)
+    result = generate(args.model, prompt, args.prompt_len, args.new_tokens, args.max_seq_len,
+                      args.seed, progress=not args.no_progress, cache=not args.no_cache,
+                      **sampling)
+    print(format_result(result))
+    return 0
+
+
 def _described(cmd) -> str:
     """A subcommand's description: its function's docstring, as one paragraph."""
     return " ".join(cmd.__doc__.split())
@@ -172,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
     sub = ap.add_subparsers(dest="cmd",
                             metavar="{suite,calibrate,explain,compile-model,profile-model,"
-                                    "costcheck}")
+                                    "costcheck,generate}")
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
@@ -244,6 +261,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dataset: predict its measured tiles again with the current model "
                         "and this machine's device model")
     k.set_defaults(fn=_cmd_costcheck)
+
+    g = sub.add_parser("generate", help="generate tokens with a causal LM compiled by roller",
+                       description=_described(_cmd_generate))
+    g.add_argument("model", help="qwen2-0.5b, llama-3.2-1b, tiny, or a local HF directory")
+    g.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids")
+    g.add_argument("--prompt-len", type=int, default=16,
+                   help="random prompt length when no ids are given (default 16)")
+    g.add_argument("--new-tokens", type=int, default=32, help="new tokens (default 32)")
+    g.add_argument("--max-seq-len", type=int, default=None,
+                   help="the cache's length (default: prompt + new tokens)")
+    g.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=50)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0, help="prompt and sampling seed")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
+    g.set_defaults(fn=_cmd_generate)
     return ap
 
 

@@ -40,7 +40,9 @@ def test_write_then_attend_matches_float64(heads, kv_heads, head_dim):
         write_k(kc, _tensor(keys[:, :, start:end]), marker)
         write_v(vc, _tensor(values[:, :, start:end]), marker)
         start = end
-    np.testing.assert_array_equal(kc.numpy()[layer][:, :, :total], keys[0].transpose(0, 2, 1))
+    blocked = kc.numpy()[layer]  # [kv, blocks, head_dim, BLOCK] -> [kv, position, head_dim]
+    by_position = blocked.transpose(0, 1, 3, 2).reshape(kv_heads, -1, head_dim)
+    np.testing.assert_array_equal(by_position[:, :total], keys[0])
     np.testing.assert_array_equal(vc.numpy()[layer][:, :total], values[0])
     assert not kc.numpy()[0].any() and not vc.numpy()[2].any()  # other layers untouched
 
@@ -65,7 +67,7 @@ def test_far_below_the_maximum_scores_weigh_nothing():
     lay = CacheLayout(1, 1, 16, padded_length(5), 1)
     kc = np.zeros(lay.key_shape, "float32")
     vc = np.zeros(lay.value_shape, "float32")
-    kc[0, 0, 0, :5] = [0.0, 0.0, 100.0, 0.0, 0.0]  # only d = 0 of the keys
+    kc[0, 0, 0, 0, :5] = [0.0, 0.0, 100.0, 0.0, 0.0]  # only d = 0 of the keys
     vc[0, 0, :5] = np.arange(5, dtype="float32")[:, None]
     q = np.zeros((1, 1, 1, 16), "float32")
     q[0, 0, 0, 0] = 1.0

@@ -3,8 +3,9 @@ query position's attention over the cache, split along the context.
 
 The cache is two buffers of ``max_len`` positions per layer, allocated once:
 
-* keys ``[layers, kv_heads, head_dim, max_len]`` (positions innermost: a query's scores over a
-  block of positions are one vector multiply-add per head-dim element, no horizontal sums);
+* keys ``[layers, kv_heads, max_len / BLOCK, head_dim, BLOCK]`` (positions innermost: a
+  query's scores over a block of positions are one vector multiply-add per head-dim element,
+  no horizontal sums; each block of positions contiguous, so a task streams it from memory);
 * values ``[layers, kv_heads, max_len, head_dim]`` (a probability times a value row, along the
   head dimension).
 
@@ -51,7 +52,7 @@ class CacheLayout:
 
     @property
     def key_shape(self):
-        return (self.layers, self.kv_heads, self.head_dim, self.length)
+        return (self.layers, self.kv_heads, self.length // BLOCK, self.head_dim, BLOCK)
 
     @property
     def value_shape(self):
@@ -77,7 +78,8 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
             T.match_buffer(marker_var, (n,), "int64")
             for hj in T.parallel(kvh * m):
                 for d in T.serial(hd):
-                    cache[layer, hj // m, d, n - m + hj % m] = new[0, hj // m, hj % m, d]
+                    cache[layer, hj // m, (n - m + hj % m) // BLOCK, d,
+                          (n - m + hj % m) % BLOCK] = new[0, hj // m, hj % m, d]
     else:
         @T.prim_func(private=True)
         def write(cache: T.Buffer(shape, dtype), new_var: T.handle, marker_var: T.handle):
@@ -144,7 +146,7 @@ def attention_kernel(layout: CacheLayout, layer: int, scale: float) -> tirx.Prim
                     for i in T.unroll(grp):
                         for j in T.vectorized(LANES):
                             reg[i, j] = reg[i, j] + q[0, g * grp + i, 0, d] \
-                                * kc[layer, g, d, base + sb * LANES + j]
+                                * kc[layer, g, b, d, sb * LANES + j]
                 for i in T.unroll(grp):
                     for j in T.vectorized(LANES):
                         # (a Select vectorizes; TVM scalarizes an if_then_else)

@@ -19,8 +19,8 @@ def _dims(expr) -> List[int]:
 
 
 def _layout(keys, heads: int) -> CacheLayout:
-    layers, kv_heads, head_dim, length = _dims(keys)
-    return CacheLayout(layers, kv_heads, head_dim, length, heads)
+    layers, kv_heads, blocks, head_dim, block = _dims(keys)
+    return CacheLayout(layers, kv_heads, head_dim, blocks * block, heads)
 
 
 def converters(report: list, prefix: str) -> Dict[str, Callable]:

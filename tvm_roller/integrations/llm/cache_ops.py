@@ -31,8 +31,9 @@ def kv_write(cache: torch.Tensor, new: torch.Tensor, marker: torch.Tensor, layer
              keys: bool) -> torch.Tensor:
     out = cache.clone()
     n, m = marker.shape[0], new.shape[2]
-    if keys:
-        out[layer, :, :, n - m:n] = new[0].transpose(1, 2)
+    if keys:  # [kv, blocks, head_dim, block]: position p at (p // block, :, p % block)
+        for j, p in enumerate(range(n - m, n)):
+            out[layer, :, p // cache.shape[-1], :, p % cache.shape[-1]] = new[0, :, j]
     else:
         out[layer, :, n - m:n, :] = new[0]
     return out
@@ -48,7 +49,9 @@ def kv_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  marker: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
     n, heads = marker.shape[0], q.shape[1]
     group = heads // keys.shape[1]
-    k = keys[layer, :, :, :n].transpose(1, 2).repeat_interleave(group, 0)   # [heads, n, d]
+    blocked = keys[layer]                                                   # [kv, nb, d, b]
+    k = blocked.permute(0, 1, 3, 2).reshape(blocked.shape[0], -1, blocked.shape[2])[:, :n]
+    k = k.repeat_interleave(group, 0)                                       # [heads, n, d]
     v = values[layer, :, :n, :].repeat_interleave(group, 0)
     p = torch.softmax(q[0] @ k.transpose(1, 2) * scale, dim=-1)             # [heads, 1, n]
     return (p @ v).transpose(0, 1).unsqueeze(0).contiguous()                # [1, 1, heads, d]
