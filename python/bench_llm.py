@@ -68,6 +68,34 @@ def attention_profile(lm, dram: float, contexts) -> list:
     return out
 
 
+def tvm_default_decode(model, max_seq_len: int, prompt: int, new: int) -> float:
+    """TVM's own CPU build of the same module (its default pipeline, dlight's CPU GEMV and
+    reduction rules on every function they take; the cache kernels are roller's either way):
+    decode seconds per token after a ``prompt``-token prefill, ``new`` tokens."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import dlight as dl
+
+    from tvm_roller.integrations.llm.export import export_lm
+    from tvm_roller.integrations.llm.lm import CausalLM
+
+    exported = export_lm(model, max_seq_len)
+    target = host_target()
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())])
+    with target:
+        mod = seq(exported.mod)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    raw = [tvm.runtime.from_dlpack(w.contiguous()) for w in exported.weights]
+    lm = CausalLM(vm, list(vm["prefill_transform_params"](raw)), raw, exported.cache,
+                  exported.vocab, max_seq_len)
+    ids = torch.randint(0, exported.vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+    lm.generate(ids, new)
+    return lm.stats.decode_s / lm.stats.decode_tokens
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="qwen2-0.5b", choices=sorted(CONFIGS))
@@ -76,6 +104,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tvm-default", action="store_true",
+                    help="also time TVM's own CPU build's decode (dlight CPU rules; prompt 16, "
+                         "8 new tokens: its unscheduled prefill GEMMs are slow)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts = [int(p) for p in args.prompts.split(",")]
@@ -114,11 +145,19 @@ def main() -> None:
               f"{hdec / dec:.2f}x)  {bw / 1e9:5.1f} GB/s = {bw / dram:.0%} of DRAM  "
               f"tokens {'match' if same else 'differ'}", flush=True)
     attention = attention_profile(lm, dram, [c for c in (128, 512, 1024) if c < lm.max_seq_len])
+    tvm_default = None
+    if args.tvm_default:
+        t0 = time.perf_counter()
+        tvm_default = tvm_default_decode(model, 32, 16, 8)
+        print(f"TVM's own CPU build (dlight GEMV / reduction rules): decode {1 / tvm_default:.2f}"
+              f" tok/s at context ~20, {(weight_bytes / tvm_default) / dram:.1%} of DRAM "
+              f"(built and run in {time.perf_counter() - t0:.0f} s)", flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"peak resident memory {rss / 1e9:.2f} GB (HF's model and roller's weights both held)")
     if args.json:
         write_json(args.json, dict(config=args.config, compile_s=compile_s, rows=rows,
-                                   weight_bytes=weight_bytes, peak_rss=rss, attention=attention))
+                                   weight_bytes=weight_bytes, peak_rss=rss, attention=attention,
+                                   tvm_default_decode_s=tvm_default))
 
 
 if __name__ == "__main__":

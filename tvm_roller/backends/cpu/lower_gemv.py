@@ -17,9 +17,12 @@ from tvm_roller.analysis.schedule import add_unit_loops, attempt, extent
 ROWS = 4  # rows per task (measured above: 4 beats 1, 2 and 8)
 
 
-def _rows_per_task(rows: int, cores: int) -> int:
+def _rows_per_task(rows: int, innermost: int, cores: int) -> int:
+    """Rows a task takes: they must divide the innermost output axis, so a task's rows are one
+    box of the output (consecutive rows across an outer axis are not: the lane sums placed
+    after them would cover the whole box, other tasks' rows included)."""
     for r in (ROWS, 2, 1):
-        if rows % r == 0 and rows // r >= 2 * cores:
+        if innermost % r == 0 and rows // r >= 2 * cores:
             return r
     return 1
 
@@ -35,7 +38,9 @@ def dot_product_rows(sch: s_tir.Schedule, red, out, row_count: int, lanes: int,
     k_len = 1
     for l in loops[len(loops) - red_count:]:
         k_len *= extent(sch, l) or 0
-    rows = _rows_per_task(row_count, cores)
+    spatial_extents = [int(iv.dom.extent) for iv in sch.get(red).iter_vars
+                       if iv.iter_type == 0]
+    rows = _rows_per_task(row_count, spatial_extents[-1] if spatial_extents else 1, cores)
     if red_count == 0 or k_len % lanes or k_len < 2 * lanes or row_count < 2 * cores:
         return False
     add_unit_loops(sch)

@@ -140,7 +140,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
     rows = 1
     for l in row_loops:
         rows *= extent(sch, l) or 1
-    if rows < 2 * cores and not out_red and _reduces_per_element(sch, names[:-1], out_loops):
+    if rows < 2 * cores and not out_red and out_loops and \
+            _reduces_per_element(sch, names[:-1], out_loops):
         # a GEMV with its epilogue (bias, activation): each output element is a row (a dot
         # product), not the output's last axis a vectorized column
         row_loops, rows = out_loops, rows * (extent(sch, out_loops[-1]) or 1)
