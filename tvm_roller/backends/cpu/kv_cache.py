@@ -66,7 +66,9 @@ def _scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
     """``cache[layer]`` positions ``[n - m, n)`` := ``new[0, :, 0:m, :]`` in place (``new`` is
-    ``[1, kv_heads, m, head_dim]``, the marker ``[n]``); keys are stored transposed."""
+    ``[1, kv_heads, m, head_dim]``, the marker ``[n]``); keys are stored in blocks of
+    positions. (Two parsed functions: the stores differ in indexing and in the vectorized loop,
+    which TVMScript cannot take as a parameter.)"""
     kvh, hd, dtype = layout.kv_heads, layout.head_dim, layout.dtype
     shape = layout.key_shape if keys else layout.value_shape
 
