@@ -38,7 +38,7 @@ def _hf_greedy(model, ids, new):
                               pad_token_id=0)
 
 
-@pytest.mark.parametrize("prompt", [2, 7, 13])
+@pytest.mark.parametrize("prompt", [1, 2, 7, 13])
 def test_llama_greedy_tokens_match_hf(llama_lm, prompt):
     model, lm = llama_lm
     ids = torch.randint(0, 97, (1, prompt), generator=torch.Generator().manual_seed(prompt))
@@ -171,6 +171,7 @@ def test_cache_ops_eager_match_the_kernels():
 
     from tvm_roller.backends.cpu.kv_cache import (CacheLayout, attention_kernel,
                                                   padded_length, write_kernel)
+    from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
     from tvm_roller.hardware import host_target
     from tvm_roller.integrations.llm import cache_ops
 
@@ -196,4 +197,10 @@ def test_cache_ops_eager_match_the_kernels():
     want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
     got = tvm.runtime.tensor(np.zeros((1, 1, 6, 16), "float32"))
     build(attention_kernel(lay, 1, 0.25))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    # a prompt's 5 last positions, causal
+    q = torch.randn(1, 6, 5, 16, generator=torch.Generator().manual_seed(6))
+    want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
+    got = tvm.runtime.tensor(np.zeros((1, 5, 6, 16), "float32"))
+    build(prompt_attention_kernel(lay, 1, 0.25))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

@@ -20,7 +20,8 @@ def _tensor(a):
     return tvm.runtime.tensor(np.ascontiguousarray(a), tvm.cpu())
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (7, 1, 32), (3, 3, 64)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (7, 1, 32), (3, 3, 64),
+                                                     (5, 5, 72)])
 def test_write_then_attend_matches_float64(heads, kv_heads, head_dim):
     layers, layer, total = 3, 1, 131  # a prime: the last block is partial
     lay = CacheLayout(layers, kv_heads, head_dim, padded_length(total), heads)

@@ -59,7 +59,7 @@ class CacheLayout:
         return (self.layers, self.kv_heads, self.length, self.head_dim)
 
 
-def _scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Marked done (the planner leaves it alone) and opaque to Relax's operator fusion."""
     return func.with_attr("tirx.is_scheduled", True).with_attr("op_pattern", 8)
 
@@ -92,13 +92,19 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
                 for d in T.vectorized(hd):
                     cache[layer, hj // m, n - m + hj % m, d] = new[0, hj // m, hj % m, d]
 
-    return _scheduled(write)
+    return mark_scheduled(write)
+
+
+def vector_part(head_dim: int) -> int:
+    """The widest vector (at most ``LANES``) that divides a head row: a row is walked in
+    whole parts of this width (head dimensions 72 or 80 included)."""
+    return max(w for w in (16, 8, 4, 2, 1) if w <= LANES and head_dim % w == 0)
 
 
 def _row_part(head_dim: int, group: int) -> int:
     """The widest slice of a head row (whole vectors dividing it) whose accumulators for a
     group of queries fit a stack array (TVM's limit: under 1 KiB)."""
-    best = min(head_dim, LANES)
+    best = vector_part(head_dim)
     for width in range(LANES, head_dim + 1, LANES):
         if head_dim % width == 0 and group * width * 4 < 1024:
             best = width
@@ -217,4 +223,4 @@ def attention_kernel(layout: CacheLayout, layer: int, scale: float) -> tirx.Prim
             for d in T.vectorized(hd):
                 out[0, 0, gi, d] = out[0, 0, gi, d] / total[0]
 
-    return _scheduled(rewrite_vector_math(attend))
+    return mark_scheduled(rewrite_vector_math(attend))

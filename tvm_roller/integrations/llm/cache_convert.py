@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List
 
-from tvm import relax
+from tvm import relax, tirx
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, attention_kernel, write_kernel
+from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
 from tvm_roller.planner import FuncReport
 
 
@@ -44,10 +45,14 @@ def converters(report: list, prefix: str) -> Dict[str, Callable]:
     def attend(node, importer):
         q, keys, values, marker = (importer.env[a] for a in node.args[:4])
         layer, scale = int(node.args[4]), float(node.args[5])
-        heads, head_dim = _dims(q)[1], _dims(q)[3]
-        func = attention_kernel(_layout(keys, heads), layer, scale)
+        _, heads, m, head_dim = q.ty.shape
+        layout = _layout(keys, int(heads))
+        # one query (a decode step): split along the context; a prompt's: tiles of queries
+        one = isinstance(m, tirx.IntImm) and int(m) == 1
+        func = attention_kernel(layout, layer, scale) if one \
+            else prompt_attention_kernel(layout, layer, scale)
         gv = add(importer, func, f"kv_attention_{layer}", "kv-attention")
-        out = relax.TensorType((1, 1, heads, head_dim), q.ty.dtype)
+        out = relax.TensorType((1, m, heads, head_dim), q.ty.dtype)
         return importer.block_builder.emit(relax.call_tir(gv, [q, keys, values, marker], out))
 
     return {"kv_write.default": write, "kv_attention.default": attend}

@@ -5,12 +5,14 @@ HuggingFace attention function and cache layer that call them.
   (``[1, kv_heads, m, head_dim]``) written at positions ``[n - m, n)`` of ``layer``, ``n`` the
   marker's length (keys transposed: ``backends.cpu.kv_cache``). Functional here (a clone); the
   import (``cache_convert``) makes it an in-place write of m positions.
-* ``roller::kv_attention(q, keys, values, marker, layer, scale)``: one query position's
-  attention over positions ``[0, n)`` of ``layer``.
+* ``roller::kv_attention(q, keys, values, marker, layer, scale)``: the causal attention of
+  the ``m`` query positions ``[n - m, n)`` over positions ``[0, n)`` of ``layer`` (a decode
+  step's one query, or a prompt's).
 
 A model traced with the "roller" attention writes each layer's new keys and values through
-``kv_write`` (threading the cache from layer to layer) and, for one new position, attends with
-``kv_attention``; a prompt attends over its own keys with HF's sdpa attention as before.
+``kv_write`` (threading the cache from layer to layer) and attends with ``kv_attention``: the
+prompt and every step read the keys and values from the cache (no repeat of grouped-query
+heads, no score matrix in memory: ``backends.cpu.kv_prompt_attention``).
 """
 from __future__ import annotations
 
@@ -47,19 +49,21 @@ def _(cache, new, marker, layer, keys):
 @torch.library.custom_op("roller::kv_attention", mutates_args=())
 def kv_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  marker: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
-    n, heads = marker.shape[0], q.shape[1]
+    n, heads, m = marker.shape[0], q.shape[1], q.shape[2]
     group = heads // keys.shape[1]
     blocked = keys[layer]                                                   # [kv, nb, d, b]
     k = blocked.permute(0, 1, 3, 2).reshape(blocked.shape[0], -1, blocked.shape[2])[:, :n]
     k = k.repeat_interleave(group, 0)                                       # [heads, n, d]
     v = values[layer, :, :n, :].repeat_interleave(group, 0)
-    p = torch.softmax(q[0] @ k.transpose(1, 2) * scale, dim=-1)             # [heads, 1, n]
-    return (p @ v).transpose(0, 1).unsqueeze(0).contiguous()                # [1, 1, heads, d]
+    s = q[0] @ k.transpose(1, 2) * scale                                    # [heads, m, n]
+    later = torch.arange(n)[None, :] > torch.arange(n - m, n)[:, None]      # causal
+    p = torch.softmax(s.masked_fill(later, float("-inf")), dim=-1)
+    return (p @ v).transpose(0, 1).unsqueeze(0).contiguous()                # [1, m, heads, d]
 
 
 @kv_attention.register_fake
 def _(q, keys, values, marker, layer, scale):
-    return q.new_empty((1, 1, q.shape[1], q.shape[3]))
+    return q.new_empty((1, q.shape[2], q.shape[1], q.shape[3]))
 
 
 @dataclass
@@ -69,7 +73,6 @@ class TraceState:
     keys: torch.Tensor
     values: torch.Tensor
     marker: torch.Tensor
-    decode: bool
     max_seq_len: int
 
 
@@ -84,10 +87,8 @@ def trace_state() -> contextvars.ContextVar:
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
               sliding_window=None, softcap=None, **kwargs):
-    """HF's attention-function interface: the new keys / values into the cache, then the
-    prompt's causal attention (sdpa) or one position's attention over the cache."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    """HF's attention-function interface: the new keys / values into the cache, then the new
+    positions' causal attention over the cache (HF's mask is not read: batch 1, no padding)."""
     state = _STATE.get()
     if state is None:
         raise UnsupportedError("the 'roller' attention runs only inside tvm_roller.llm's export")
@@ -100,18 +101,19 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     state.keys = torch.ops.roller.kv_write(state.keys, key, state.marker, layer, True)
     state.values = torch.ops.roller.kv_write(state.values, value, state.marker, layer, False)
-    if state.decode:
-        out = torch.ops.roller.kv_attention(query, state.keys, state.values, state.marker,
-                                            layer, scale)
-        return out, None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
-                                  scaling=scale, **kwargs)
+    out = torch.ops.roller.kv_attention(query, state.keys, state.values, state.marker, layer,
+                                        scale)
+    return out, None
 
 
 def register() -> None:
-    """The "roller" attention (and sdpa's causal mask under its name) in HF's registries."""
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    """The "roller" attention in HF's registries, with no mask (its kernels are causal)."""
+    from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     AttentionInterface.register(ATTENTION, attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+def _no_mask(*args, **kwargs):
+    return None

@@ -201,7 +201,7 @@ def _wrappers():
             self.model, self.max_seq_len = model, max_seq_len
 
         def forward(self, ids, keys, values):
-            state = TraceState(keys, values, ids[0], False, self.max_seq_len)
+            state = TraceState(keys, values, ids[0], self.max_seq_len)
             return traced(self.model, state, ids, 0)
 
     class Decode(torch.nn.Module):
@@ -213,7 +213,7 @@ def _wrappers():
             self.model, self.max_seq_len = model, max_seq_len
 
         def forward(self, ids, keys, values, marker):
-            state = TraceState(keys, values, marker, True, self.max_seq_len)
+            state = TraceState(keys, values, marker, self.max_seq_len)
             return traced(self.model, state, ids, marker.shape[0] - 1)
 
     return Prefill, Decode

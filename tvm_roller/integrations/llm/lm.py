@@ -89,7 +89,11 @@ class CausalLM:
         keys, values, marker = self.buffers()
         prefill, decode = self.vm["prefill"], self.vm["decode"]
         t0 = time.perf_counter()
-        logits = prefill(tvm.runtime.tensor(prompt, dev), keys, values, *self.weights)[0]
+        ids = tvm.runtime.tensor(prompt, dev)
+        if prompt.shape[1] == 1:  # one position: a decode step from an empty cache
+            logits = decode(ids, keys, values, marker._create_view((1,)), *self.decode_weights)[0]
+        else:
+            logits = prefill(ids, keys, values, *self.weights)[0]
         token = pick(logits.numpy())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
         yield token
@@ -109,8 +113,8 @@ class CausalLM:
         prompt = np.asarray(input_ids.cpu().numpy() if hasattr(input_ids, "cpu") else input_ids)
         if prompt.ndim != 2 or prompt.shape[0] != 1:
             raise ValueError(f"input_ids must be [1, n] (batch 1), got shape {prompt.shape}")
-        if prompt.shape[1] < 2:
-            raise ValueError("the prompt must hold at least 2 tokens")
+        if prompt.shape[1] < 1:
+            raise ValueError("the prompt must hold at least 1 token")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if prompt.shape[1] + max_new_tokens > self.max_seq_len:
