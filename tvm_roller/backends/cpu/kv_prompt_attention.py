@@ -19,9 +19,11 @@ from tvm_roller.backends.cpu.kv_cache import BLOCK, LANES, CacheLayout, mark_sch
     vector_part
 from tvm_roller.backends.vector_math import rewrite_vector_math
 
-# queries per task: ROWS x LANES float32 accumulators stay in a stack array under TVM's 1 KiB
-# (12 registers of 32, the rest for the key vector and the broadcasts)
-ROWS = 12
+# queries per task, and per register tile: SUB queries x WIDE positions (or head-row elements)
+# of float32 accumulators, 12 of the 32 vector registers in a stack array under TVM's 1 KiB;
+# each loaded key (value) vector serves SUB multiply-adds, each broadcast query element
+# (weight) two
+ROWS, SUB, WIDE = 12, 6, 2 * LANES
 
 
 def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float) -> tirx.PrimFunc:
@@ -29,7 +31,7 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float) -> ti
     ``cache[layer]`` positions ``[0, n)``, causal -> ``out [1, m, heads, head_dim]`` (the
     layout HF's attention functions return)."""
     hd, grp, heads, dtype = layout.head_dim, layout.group, layout.heads, layout.dtype
-    part = vector_part(hd)
+    part = WIDE if hd % WIDE == 0 else vector_part(hd)
     neg = -3.0e38
 
     @T.prim_func(private=True)
@@ -43,9 +45,9 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float) -> ti
         # heads outer: the static split of the tasks over the cores gives each whole heads
         # (equal work under the causal triangle)
         for ht in T.parallel(heads * ((m + ROWS - 1) // ROWS)):
-            reg = T.alloc_buffer((ROWS, LANES), dtype)  # stack arrays: registers
-            acc = T.alloc_buffer((ROWS, part), dtype)
-            lane = T.alloc_buffer((LANES,), dtype)
+            reg = T.alloc_buffer((SUB, WIDE), dtype)  # stack arrays: registers
+            acc = T.alloc_buffer((SUB, part), dtype)
+            lane = T.alloc_buffer((ROWS, LANES), dtype)
             scores = T.alloc_buffer((ROWS, BLOCK), dtype)
             weighted = T.alloc_buffer((ROWS, hd), dtype)
             top = T.alloc_buffer((ROWS,), dtype)
@@ -60,30 +62,38 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float) -> ti
                     weighted[i, d] = T.float32(0)
             # blocks up to the tile's last query position
             for b in T.serial((n - m + T.min(r0 + ROWS - 1, m - 1)) // BLOCK + 1):
-                for sb in T.serial(BLOCK // LANES):
-                    for i in T.unroll(ROWS):
-                        for j in T.vectorized(LANES):
+                for rs in T.serial(ROWS // SUB * (BLOCK // WIDE)):
+                    for i in T.unroll(SUB):
+                        for j in T.vectorized(WIDE):
                             reg[i, j] = T.float32(0)
                     for d in T.serial(hd):
-                        for i in T.unroll(ROWS):
-                            for j in T.vectorized(LANES):
-                                reg[i, j] = reg[i, j] + q[0, h, T.min(r0 + i, m - 1), d] \
-                                    * kc[layer, h // grp, b, d, sb * LANES + j]
-                    for i in T.unroll(ROWS):
-                        for j in T.vectorized(LANES):
+                        for i in T.unroll(SUB):
+                            for j in T.vectorized(WIDE):
+                                reg[i, j] = reg[i, j] \
+                                    + q[0, h, T.min(r0 + rs // (BLOCK // WIDE) * SUB + i, m - 1),
+                                        d] \
+                                    * kc[layer, h // grp, b, d, rs % (BLOCK // WIDE) * WIDE + j]
+                    for i in T.unroll(SUB):
+                        for j in T.vectorized(WIDE):
                             # causal: a position after the query's own weighs nothing
-                            scores[i, sb * LANES + j] = T.Select(
-                                b * BLOCK + sb * LANES + j <= n - m + T.min(r0 + i, m - 1),
+                            scores[rs // (BLOCK // WIDE) * SUB + i,
+                                   rs % (BLOCK // WIDE) * WIDE + j] = T.Select(
+                                b * BLOCK + rs % (BLOCK // WIDE) * WIDE + j
+                                <= n - m + T.min(r0 + rs // (BLOCK // WIDE) * SUB + i, m - 1),
                                 reg[i, j] * T.float32(scale), T.float32(neg))
-                for i in T.serial(ROWS):
+                # the rows' maxima and sums: lane-wise over the block's vectors, then across
+                # the lanes with the rows interleaved (independent chains, not one row's)
+                for i in T.unroll(ROWS):
                     for j in T.vectorized(LANES):
-                        lane[j] = scores[i, j]
+                        lane[i, j] = scores[i, j]
                     for c in T.serial(1, BLOCK // LANES):
                         for j in T.vectorized(LANES):
-                            lane[j] = T.max(lane[j], scores[i, c * LANES + j])
+                            lane[i, j] = T.max(lane[i, j], scores[i, c * LANES + j])
                     rescale[i] = top[i]
-                    for j in T.serial(LANES):
-                        top[i] = T.max(top[i], lane[j])
+                for j in T.serial(LANES):
+                    for i in T.unroll(ROWS):
+                        top[i] = T.max(top[i], lane[i, j])
+                for i in T.serial(ROWS):
                     # below e^-80 a weight is 0 (no subnormal arithmetic; masked positions)
                     rescale[i] = T.Select(rescale[i] - top[i] > T.float32(-80.0),
                                           T.exp(rescale[i] - top[i]), T.float32(0))
@@ -91,27 +101,30 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float) -> ti
                         scores[i, j] = T.Select(scores[i, j] - top[i] > T.float32(-80.0),
                                                 T.exp(scores[i, j] - top[i]), T.float32(0))
                     for j in T.vectorized(LANES):
-                        lane[j] = scores[i, j]
+                        lane[i, j] = scores[i, j]
                     for c in T.serial(1, BLOCK // LANES):
                         for j in T.vectorized(LANES):
-                            lane[j] = lane[j] + scores[i, c * LANES + j]
+                            lane[i, j] = lane[i, j] + scores[i, c * LANES + j]
                     total[i] = total[i] * rescale[i]
-                    for j in T.serial(LANES):
-                        total[i] = total[i] + lane[j]
-                for p in T.serial(hd // part):
+                for j in T.serial(LANES):
                     for i in T.unroll(ROWS):
+                        total[i] = total[i] + lane[i, j]
+                for rp in T.serial(ROWS // SUB * (hd // part)):
+                    for i in T.unroll(SUB):
                         for d in T.vectorized(part):
                             acc[i, d] = T.float32(0)
                     for j in T.serial(BLOCK):
-                        for i in T.unroll(ROWS):
+                        for i in T.unroll(SUB):
                             for d in T.vectorized(part):
                                 acc[i, d] = acc[i, d] \
-                                    + scores[i, j] * vc[layer, h // grp, b * BLOCK + j,
-                                                        p * part + d]
-                    for i in T.unroll(ROWS):
+                                    + scores[rp // (hd // part) * SUB + i, j] \
+                                    * vc[layer, h // grp, b * BLOCK + j, rp % (hd // part) * part + d]
+                    for i in T.unroll(SUB):
                         for d in T.vectorized(part):
-                            weighted[i, p * part + d] = weighted[i, p * part + d] \
-                                * rescale[i] + acc[i, d]
+                            weighted[rp // (hd // part) * SUB + i, rp % (hd // part) * part + d] = \
+                                weighted[rp // (hd // part) * SUB + i,
+                                         rp % (hd // part) * part + d] \
+                                * rescale[rp // (hd // part) * SUB + i] + acc[i, d]
             for i in T.serial(ROWS):
                 if r0 + i < m:
                     for d in T.vectorized(hd):
