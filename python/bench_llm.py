@@ -5,9 +5,11 @@ heads, MLP 4864, vocab 151936, tied embeddings), ``llama-3.2-1b`` (16 layers, hi
 heads, MLP 8192, vocab 128256, tied), ``tiny`` (for a quick check). For each prompt length:
 prefill tok/s and decode tok/s of both (rounds alternating, median), whether the greedy tokens
 agree, and decode's bytes per second (weights + the cache read, per token) as a fraction of the
-calibrated DRAM bandwidth. Also the cold compile time and the peak resident memory.
+calibrated DRAM bandwidth. Also the cold compile time and the peak resident memory. With
+``--llama-cpp``, llama.cpp on the same weights (an f32 GGUF file: ``llamacpp_peer``) in the same
+rounds.
 
-    python python/bench_llm.py --config qwen2-0.5b --prompts 128,1024 --new 128
+    python python/bench_llm.py --config qwen2-0.5b --prompts 128,1024 --new 128 --llama-cpp
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.planner import Context  # noqa: E402
 from tvm_roller.tools.bench.measure import write_json  # noqa: E402
 from tvm_roller.tools.examples.llm_configs import CONFIGS, build  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from llamacpp_peer import llamacpp_greedy  # noqa: E402
 
 def hf_times(model, ids, new: int):
     """(prefill s, decode s per token, tokens) of HF's greedy generate."""
@@ -96,6 +101,17 @@ def tvm_default_decode(model, max_seq_len: int, prompt: int, new: int) -> float:
     return lm.stats.decode_s / lm.stats.decode_tokens
 
 
+def gguf_file(model) -> str:
+    """The model's weights as an f32 GGUF file (a temporary directory: ~4 bytes a weight)."""
+    import tempfile
+
+    from llamacpp_peer import write_gguf
+
+    path = os.path.join(tempfile.mkdtemp(prefix="roller-gguf-"), "model-f32.gguf")
+    write_gguf(model, path, "f32")
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="qwen2-0.5b", choices=sorted(CONFIGS))
@@ -104,6 +120,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--llama-cpp", action="store_true",
+                    help="also time llama.cpp (llama-cpp-python) on the same weights in f32")
     ap.add_argument("--tvm-default", action="store_true",
                     help="also time TVM's own CPU build's decode (dlight CPU rules; prompt 16, "
                          "8 new tokens: its unscheduled prefill GEMMs are slow)")
@@ -120,15 +138,18 @@ def main() -> None:
     print(f"{args.config}: {weight_bytes / 1e9:.2f} GB of weights, compile {compile_s:.1f} s, "
           f"{len(lm.report)} functions ({sum(e['status'] == 'roller' for e in lm.report)} "
           f"roller's), DRAM {dram / 1e9:.1f} GB/s calibrated")
+    gguf = gguf_file(model) if args.llama_cpp else None
     rows = []
     for n in prompts:
         ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-        ours, theirs = [], []
+        ours, theirs, cpp = [], [], []
         for _ in range(args.rounds):
             out = lm.generate(ids, args.new)
             ours.append((lm.stats.prefill_s, lm.stats.decode_s / lm.stats.decode_tokens))
             hf_pre, hf_dec, ref = hf_times(model, ids, args.new)
             theirs.append((hf_pre, hf_dec))
+            if gguf:
+                cpp.append(llamacpp_greedy(gguf, ids[0].tolist(), args.new, args.threads))
         pre = statistics.median(o[0] for o in ours)
         dec = statistics.median(o[1] for o in ours)
         hpre = statistics.median(t[0] for t in theirs)
@@ -139,6 +160,15 @@ def main() -> None:
         row = dict(prompt=n, new=args.new, prefill_tok_s=n / pre, hf_prefill_tok_s=n / hpre,
                    decode_tok_s=1 / dec, hf_decode_tok_s=1 / hdec, decode_gbs=bw / 1e9,
                    decode_bw_fraction=bw / dram, tokens_match=bool(same))
+        if cpp:
+            cpre = statistics.median(c[0] for c in cpp)
+            cdec = statistics.median(c[1] for c in cpp)
+            row.update(llamacpp_prefill_tok_s=n / cpre, llamacpp_decode_tok_s=1 / cdec,
+                       llamacpp_tokens_match=cpp[-1][2] == ref[0].tolist())
+            print(f"prompt {n:5d}: llama.cpp f32 prefill {n / cpre:8.1f} tok/s (roller "
+                  f"{cpre / pre:.2f}x)  decode {1 / cdec:6.2f} tok/s (roller {cdec / dec:.2f}x)"
+                  f"  tokens {'= HF' if row['llamacpp_tokens_match'] else 'differ from HF'}",
+                  flush=True)
         rows.append(row)
         print(f"prompt {n:5d}: prefill {n / pre:8.1f} tok/s (HF {n / hpre:8.1f}, "
               f"{hpre / pre:.2f}x)  decode {1 / dec:6.2f} tok/s (HF {1 / hdec:6.2f}, "

@@ -27,13 +27,14 @@ __all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
 
 
 def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
-    """Bucket ends for the prompt and cache lengths: powers of four from 16, and
-    ``max_seq_len``. The default (powers of two, split further where padding costs) gives ~14
-    kernels per function; an LM has ~90 functions, most of them with a length."""
+    """Bucket ends for the prompt and cache lengths: 16, 128, 1024, ... (×8) below
+    ``max_seq_len``, and ``max_seq_len`` (an end within 1.5× of it is dropped: a bucket that
+    short buys nothing). Each end is one more kernel for each of prefill's ~40 functions with a
+    length (the default — powers of two, split further where padding costs — gives ~14)."""
     ends = [16]
-    while ends[-1] * 4 < max_seq_len:
-        ends.append(ends[-1] * 4)
-    ends = [e for e in ends if e < max_seq_len] + [max_seq_len]
+    while ends[-1] * 8 < max_seq_len:
+        ends.append(ends[-1] * 8)
+    ends = [e for e in ends if e * 1.5 <= max_seq_len] + [max_seq_len]
     return {name: ends for name, (_, hi) in sorted(module_bounds(mod).items())
             if hi is not None}
 

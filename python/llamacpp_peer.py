@@ -1,0 +1,126 @@
+"""llama.cpp as a peer for python/bench_llm.py: the same HF weights written as a GGUF file
+(``gguf``), run through ``llama-cpp-python`` on the same 2 threads.
+
+Random-weight models have no tokenizer, so the file carries a placeholder vocabulary of the
+model's size (byte tokens and fillers); prompts go in as token ids. Llama-family layouts
+(Llama, Mistral: q/k rows reordered for llama.cpp's rotary convention; Qwen2: as HF holds them,
+with the q/k/v biases). ``weights``: "f32" (what roller's fp32 path is compared with), "q8_0",
+"q4_0" (llama.cpp's own quantization of the 2-D weights, norms kept in f32).
+
+    pip install llama-cpp-python gguf
+"""
+from __future__ import annotations
+
+import time
+from typing import List, Tuple
+
+import numpy as np
+
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+FILE_TYPES = {"f32": 0, "q4_0": 2, "q8_0": 7}
+
+
+def _rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """HF's rotate-half rows of each head as llama.cpp's "llama" rope reads them (pairs
+    interleaved): per head, the first and second halves' rows alternate."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _vocab(writer, n: int) -> None:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    tokens += [f"t{i}" for i in range(len(tokens), n)]
+    types += [1] * (n - len(types))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens[:n])
+    writer.add_token_scores([0.0] * n)
+    writer.add_token_types(types[:n])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+
+
+def _tensor(writer, name: str, w: np.ndarray, weights: str) -> None:
+    import gguf
+
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if weights == "f32" or w.ndim == 1:
+        writer.add_tensor(name, w)
+        return
+    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[weights]
+    writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_shape=w.shape, raw_dtype=qtype)
+
+
+def write_gguf(model, path: str, weights: str = "f32") -> None:
+    """``model`` (a Llama / Mistral / Qwen2 ``*ForCausalLM``) as a GGUF file at ``path``."""
+    import gguf
+
+    cfg = model.config
+    if cfg.model_type not in ARCHS:
+        raise ValueError(f"no GGUF layout here for {cfg.model_type}")
+    arch = ARCHS[cfg.model_type]
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(getattr(cfg, "rope_theta", None)
+                              or cfg.rope_parameters["rope_theta"])
+    writer.add_file_type(FILE_TYPES[weights])
+    _vocab(writer, cfg.vocab_size)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    _tensor(writer, "token_embd.weight", sd["model.embed_tokens.weight"], weights)
+    _tensor(writer, "output_norm.weight", sd["model.norm.weight"], weights)
+    if not cfg.tie_word_embeddings:
+        _tensor(writer, "output.weight", sd["lm_head.weight"], weights)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.{hf}.{kind}"
+                if key not in sd:
+                    continue
+                w = sd[key]
+                if arch == "llama" and gg in ("attn_q", "attn_k"):
+                    w = _rotary_rows(w, heads if gg == "attn_q" else kv)
+                _tensor(writer, f"blk.{i}.{gg}.{kind}", w, weights)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2
+                    ) -> Tuple[float, float, List[int]]:
+    """(prefill s, decode s per token, the prompt and its ``new`` greedy tokens) of llama.cpp
+    on the GGUF file ``path``."""
+    import llama_cpp
+
+    lm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + new + 8, n_threads=threads,
+               n_threads_batch=threads, n_batch=512, verbose=False)
+    t0 = time.perf_counter()
+    lm.eval(ids)
+    prefill = time.perf_counter() - t0
+    vocab = lm.n_vocab()
+
+    def last() -> int:  # the last position's logits (the only ones llama.cpp computes)
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(lm.ctx, -1),
+                                                   shape=(vocab,))))
+
+    out = list(ids) + [last()]
+    t0 = time.perf_counter()
+    for _ in range(new - 1):
+        lm.eval([out[-1]])
+        out.append(last())
+    decode = (time.perf_counter() - t0) / max(new - 1, 1)
+    lm.close()
+    return prefill, decode, out
