@@ -125,6 +125,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         if name not in t.pack:
             prepack(sch, func, main, name, panel)
     for name in t.pack:  # a constant operand is packed while compiling, others per task
+        name = _read_name(sch, main, name)
         if fa.dynamic_axes or not prepack(sch, func, main, name, panel):
             _pack_operand(sch, main, name, task, panel, lanes)
 
@@ -231,6 +232,13 @@ def _pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
     in_pads = [sch.get(b).name_hint for b in sch.get_producers(main)
                if sch.get(b).name_hint in new]
     return [-(-e // f) * f for e, f in zip(exts, factors)], out_pad, in_pads
+
+
+def _read_name(sch: s_tir.Schedule, main, name: str) -> str:
+    """The buffer ``main`` reads for operand ``name``: its zero-padded copy once ``pad_einsum``
+    padded a reduction axis (``<name>_pad``)."""
+    reads = [str(r.source.name) for r in sch.get(main).reads]
+    return name if name in reads or f"{name}_pad" not in reads else f"{name}_pad"
 
 
 def _pack_operand(sch: s_tir.Schedule, main, name: str, at_loop, panel: int, lanes: int) -> None:

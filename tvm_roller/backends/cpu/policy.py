@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num_tiles,
                                          output_bytes, param_bytes, register_loads)
+from tvm_roller.backends.cpu.pack_policy import with_panel_packing
 from tvm_roller.backends.cpu.perf_model import predict_streaming, predict_tiled
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import (RTile, aligned_steps, ceil_div, padding_waste,
@@ -315,7 +316,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
         return (0, padding(t), -accumulator_registers(fa, t.reg, lanes),
                 sum(t.terms.values()), t.key())
 
-    ranked = sorted(cands.values(), key=rank)[:max(1, topk)]
+    ranked = [with_panel_packing(fa, t) for t in sorted(cands.values(), key=rank)[:max(1, topk)]]
     if not fa.dynamic_axes:
         return ranked
     # a bucket of a function with symbolic extents (``planner.buckets``): each of the best
@@ -325,7 +326,7 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
     fitted = [min((_bucket_variant(fa, dev, t, v1, v2) for v1, v2 in
                    _dynamic_variants(fa, tuple(t.l1), tuple(t.l2))),
                   key=lambda v: v.predicted_s) for t in ranked]
-    return sorted(fitted, key=lambda v: v.predicted_s)
+    return sorted((with_panel_packing(fa, t) for t in fitted), key=lambda v: v.predicted_s)
 
 
 def _bucket_variant(fa: FuncAnalysis, dev: DeviceModel, t: RTile, l1: Tile, l2: Tile) -> RTile:
