@@ -4,8 +4,11 @@
 Random-weight models have no tokenizer, so the file carries a placeholder vocabulary of the
 model's size (byte tokens and fillers); prompts go in as token ids. Llama-family layouts
 (Llama, Mistral: q/k rows reordered for llama.cpp's rotary convention; Qwen2: as HF holds them,
-with the q/k/v biases). ``weights``: "f32" (what roller's fp32 path is compared with), "q8_0",
-"q4_0" (llama.cpp's own quantization of the 2-D weights, norms kept in f32).
+with the q/k/v biases). ``weights``: "f32" (what roller's fp32 path is compared with; greedy
+tokens = HF's for Llama and Qwen2), "q8_0", "q4_0" (``gguf``'s quantization of the 2-D weights,
+norms and biases kept in f32). Not yet working: llama.cpp 0.3.36 (built here with AMX_INT8 and
+its CPU repacking) loads these q8_0 / q4_0 files and then segfaults in ``llama_decode``, even for
+a 2-layer model (the quantized-decode issue takes it up).
 
     pip install llama-cpp-python gguf
 """
@@ -50,7 +53,8 @@ def _tensor(writer, name: str, w: np.ndarray, weights: str) -> None:
         return
     qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}[weights]
-    writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_shape=w.shape, raw_dtype=qtype)
+    packed = gguf.quants.quantize(w, qtype)  # bytes: [rows, blocks x block size]
+    writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
 
 
 def write_gguf(model, path: str, weights: str = "f32") -> None:
