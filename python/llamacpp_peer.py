@@ -6,9 +6,10 @@ model's size (byte tokens and fillers); prompts go in as token ids. Llama-family
 (Llama, Mistral: q/k rows reordered for llama.cpp's rotary convention; Qwen2: as HF holds them,
 with the q/k/v biases). ``weights``: "f32" (what roller's fp32 path is compared with; greedy
 tokens = HF's for Llama and Qwen2), "q8_0", "q4_0" (``gguf``'s quantization of the 2-D weights,
-norms and biases kept in f32). Not yet working: llama.cpp 0.3.36 (built here with AMX_INT8 and
-its CPU repacking) loads these q8_0 / q4_0 files and then segfaults in ``llama_decode``, even for
-a 2-layer model (the quantized-decode issue takes it up).
+norms and biases kept in f32). llama.cpp 0.3.36 built here (its CPU backend reports AMX_INT8
+and weight repacking) segfaults in ``llama_decode`` on quantized files — even a 2-layer model's —
+unless its extra buffer types (the repacked weight layouts) are off: quantized files run with
+``use_extra_bufts`` false, so their figures are llama.cpp without its repacked kernels.
 
     pip install llama-cpp-python gguf
 """
@@ -109,6 +110,8 @@ def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2
     on the GGUF file ``path``."""
     import llama_cpp
 
+    if not path.endswith("-f32.gguf"):
+        _without_weight_repacking(llama_cpp)
     lm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + new + 8, n_threads=threads,
                n_threads_batch=threads, n_batch=512, verbose=False)
     t0 = time.perf_counter()
@@ -128,3 +131,19 @@ def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2
     decode = (time.perf_counter() - t0) / max(new - 1, 1)
     lm.close()
     return prefill, decode, out
+
+
+def _without_weight_repacking(llama_cpp) -> None:
+    """The model parameters llama-cpp-python starts from, with ``use_extra_bufts`` off (its
+    constructor takes no such argument; see the module docstring for why)."""
+    default = llama_cpp.llama_cpp.llama_model_default_params
+    if getattr(default, "roller_no_repack", False):
+        return
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params.roller_no_repack = True
+    llama_cpp.llama_cpp.llama_model_default_params = params
