@@ -121,8 +121,8 @@ def test_bad_input_is_a_clear_error_before_work(llama_lm):
         lm.generate(torch.zeros((1, 4), dtype=torch.long), 3, do_sample=True, top_p=0.0)
     with pytest.raises(UnsupportedError, match="causal LM"):
         llm.compile(torch.nn.Linear(3, 3))
-    with pytest.raises(ValueError, match="fp32"):
-        llm.compile(_llama(), weights="int4")
+    with pytest.raises(ValueError, match="'int8'"):
+        llm.compile(_llama(), weights="int3")
 
 
 def _family(name):

@@ -46,16 +46,24 @@ def dot_product_rows(sch: s_tir.Schedule, red, out, row_count: int, lanes: int,
     add_unit_loops(sch)
     loops = sch.get_loops(red)
     spatial = len(loops) - red_count
-    k = sch.fuse(*loops[spatial:]) if red_count > 1 else loops[-1]
-    _, ki = sch.split(k, [None, lanes])
+    reduce = loops[spatial:]
+    if red_count > 1 and (extent(sch, reduce[-1]) or 0) % lanes == 0:
+        # the innermost reduction loop alone is split: an index over the outer ones (a group's
+        # scale, a packed weight's half) stays one value per vector, where over a fused loop
+        # it would be (o * lanes + l) // g, which vectorizes as a gather
+        _, ki = sch.split(reduce[-1], [None, lanes])
+    else:
+        k = sch.fuse(*reduce) if red_count > 1 else reduce[-1]
+        _, ki = sch.split(k, [None, lanes])
     red_name, out_name = sch.get(red).name_hint, sch.get(out).name_hint
     rf = sch.rfactor(ki, len(sch.get(red).writes[0].source.shape))
-    # the partial sums' loops: (rows..., k steps, lanes) -> (task, k steps, rows, lanes)
+    # the partial sums' loops: (rows..., k steps..., lanes) -> (task, k steps..., rows, lanes)
     rloops = sch.get_loops(rf)
     row = sch.fuse(*rloops[:spatial]) if spatial > 1 else rloops[0]
     task, within = sch.split(row, [None, rows])
-    step, lane = sch.get_loops(rf)[-2:]
-    sch.reorder(task, step, within, lane)
+    rloops = sch.get_loops(rf)
+    steps, lane = rloops[2:-1], rloops[-1]
+    sch.reorder(task, *steps, within, lane)
     sch.parallel(task)
     # the lanes' sum and the epilogue per task, after its partial sums (first: TVM vectorizes
     # a loop only once its block's consumers sit in the same task; and before the zeroing is
@@ -65,6 +73,6 @@ def dot_product_rows(sch: s_tir.Schedule, red, out, row_count: int, lanes: int,
         sch.reverse_compute_at(sch.get_sblock(out_name), task, preserve_unit_loops=True)
     sch.unroll(within)
     sch.vectorize(lane)
-    init = sch.decompose_reduction(rf, step)
+    init = sch.decompose_reduction(rf, steps[0])
     attempt(sch.vectorize, sch.get_loops(init)[-1])
     return True

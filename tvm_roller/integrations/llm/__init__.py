@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+import numpy as np
 import tvm
 
 from tvm_roller.hardware import DeviceModel, host_target
+from tvm_roller.hardware.target import complete_target
 from tvm_roller.backends.cpu.kv_cache import CacheLayout
 from tvm_roller.integrations.llm.export import TESTED_FAMILIES, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
 from tvm_roller.integrations.relax import compile as relax_compile
+from tvm_roller.integrations.relax.passes.quantize_weights import check_target
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
 
 __all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
@@ -43,20 +46,25 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
             weights: str = "fp32", device: Optional[DeviceModel] = None,
             cache=True) -> CausalLM:
     """``model`` (a transformers ``*ForCausalLM``) compiled for generation on ``target``
-    (None: this machine). ``weights``: "fp32" (the only one yet). An architecture torch.export
-    or the importer cannot take is an ``UnsupportedError`` naming the step."""
-    if weights != "fp32":
-        raise ValueError(f"weights={weights!r}: only 'fp32' is supported yet")
+    (None: this machine). ``weights``: "fp32", or "int8" / "int4": the linear layers' and
+    embeddings' weights quantized in groups of 32 (the fp32 tensors are not kept; a weight a
+    format cannot take stays float32, with its reason in ``report``), multiplied in integer
+    dot products (``backends.cpu.quant_linear``; a CPU without AVX-512 VNNI is an
+    ``UnsupportedError``). An architecture torch.export or the importer cannot take is an
+    ``UnsupportedError`` naming the step."""
     if max_seq_len < 3:
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
-    lm = export_lm(model, max_seq_len)
+    target = target if target is not None else host_target()
+    fmt = None if weights == "fp32" else check_target(complete_target(target)[0], weights)
+    lm = export_lm(model, max_seq_len, fmt)
     report: list = list(lm.kernels)
-    ex = relax_compile(lm.mod, target if target is not None else host_target(), report,
+    ex = relax_compile(lm.mod, target, report,
                        device=device, cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
     dev = tvm.cpu()
     vm = tvm.relax.VirtualMachine(ex, dev)
     # the weights as torch holds them (no copy: decode reads them in place) and prefill's
     # transposes made from them once
-    raw = [tvm.runtime.from_dlpack(w.contiguous()) for w in lm.weights]
+    raw = [tvm.runtime.tensor(w, dev) if isinstance(w, np.ndarray)  # packed: a copy, aligned
+           else tvm.runtime.from_dlpack(w.contiguous()) for w in lm.weights]
     prepared = list(vm["prefill_transform_params"](raw))
     return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, report)

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tvm
 from tvm import relax
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, padded_length
+from tvm_roller.backends.cpu.quant_format import QuantFormat
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.integrations.llm.quantize import quantize_lm
 
 # the families the tests generate with against HF (others are tried, and declined with the
 # reason when export or import fails; Gemma 2 / 3's soft-capping and sliding windows are declined)
@@ -40,7 +42,8 @@ class ExportedLM:
     cache's layout and the kernels the cache ops added (report entries)."""
 
     mod: tvm.IRModule
-    weights: Tuple[object, ...]  # torch tensors, in the functions' parameter order
+    weights: Tuple[object, ...]  # torch tensors, in the functions' parameter order (a
+    # quantized weight: its packed words and scales, numpy arrays)
     cache: CacheLayout
     vocab: int
     kernels: Tuple[dict, ...]
@@ -75,8 +78,9 @@ def _first(cfg, *names):
     raise UnsupportedError(f"{cfg.model_type}: the config has none of {', '.join(names)}")
 
 
-def export_lm(model, max_seq_len: int) -> ExportedLM:
-    """``prefill`` and ``decode`` of ``model`` (a ``*ForCausalLM`` in eval mode) as one module."""
+def export_lm(model, max_seq_len: int, fmt: Optional[QuantFormat] = None) -> ExportedLM:
+    """``prefill`` and ``decode`` of ``model`` (a ``*ForCausalLM`` in eval mode) as one module;
+    with ``fmt``, its linear weights quantized (``integrations.llm.quantize``)."""
     if not _is_causal_lm(model):
         raise UnsupportedError(f"expected a transformers causal LM (*ForCausalLM, "
                                f"GPT2LMHeadModel), got {type(model).__name__}")
@@ -91,6 +95,11 @@ def export_lm(model, max_seq_len: int) -> ExportedLM:
     prefill_mod, decode_mod = tvm.IRModule(), tvm.IRModule()
     _import(prefill_ep, "prefill", converters(kernels, "prefill"), prefill_mod)
     _import(decode_ep, "decode", converters(kernels, "decode"), decode_mod)
+    weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
+    if fmt is not None:
+        mods, weights = quantize_lm({"prefill": prefill_mod, "decode": decode_mod}, names[0],
+                                    weights, fmt, kernels)
+        prefill_mod, decode_mod = mods["prefill"], mods["decode"]
     # decode's matmuls are GEMVs: over the weights as torch holds them (rows of dot products
     # along contiguous memory, read in place), not over their transposes
     decode_mod = relax.transform.FuseTransposeMatmul()(decode_mod)
@@ -99,7 +108,6 @@ def export_lm(model, max_seq_len: int) -> ExportedLM:
     mod = relax.transform.LiftTransformParams()(prefill_mod)
     for gv, func in decode_mod.functions_items():
         mod[gv] = func
-    weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return ExportedLM(mod, weights, layout, vocab, tuple(kernels))
 

@@ -81,6 +81,21 @@ class CausalLM:
         self.stats = GenerationStats()
         return self._tokens(prompt, max_new_tokens, pick, stops)
 
+    def logits(self, input_ids) -> np.ndarray:
+        """Teacher-forced next-token logits at every position of ``input_ids`` (``[1, n]``), as
+        an ``[n, vocab]`` float32 array: position ``i`` is a decode step over positions
+        ``[0, i]`` (accuracy and perplexity evaluation)."""
+        prompt = self._prompt(input_ids, 0)
+        dev = tvm.cpu()
+        keys, values, marker = self.buffers()
+        decode = self.vm["decode"]
+        out = np.empty((prompt.shape[1], self.vocab), dtype="float32")
+        for i in range(prompt.shape[1]):
+            step = tvm.runtime.tensor(prompt[:, i:i + 1], dev)
+            out[i] = decode(step, keys, values, marker._create_view((i + 1,)),
+                            *self.decode_weights)[0].numpy()[0]
+        return out
+
     def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
                 stops: set) -> Iterator[int]:
         if max_new_tokens == 0:

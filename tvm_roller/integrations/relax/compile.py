@@ -9,6 +9,7 @@ import tvm
 from tvm_roller.cache.modules import ModuleCache
 from tvm_roller.core.errors import first_lines
 from tvm_roller.hardware import DeviceModel
+from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
 from tvm_roller.integrations.relax.pipeline import get_pipeline
 from tvm_roller.planner import Context, FuncReport, summarise
@@ -21,7 +22,7 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
             fast_math: bool = True, progress: Optional[bool] = None,
             chains: Optional[list] = None, fuse_chains: bool = True,
             conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None,
-            verify: bool = False, measure_topk: int = 0):
+            verify: bool = False, measure_topk: int = 0, weights: str = "fp32"):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.cache.modules`) under
@@ -35,8 +36,13 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     :func:`~tvm_roller.relax.schedule_pass`): each kernel checked once against TVM's default
     build of its function; opt-in, it runs every function twice at compile time.
     ``measure_topk``: top-k measured (opt-in): each function's best k candidates timed on this
-    machine, the fastest kept in the schedule cache (a later compile reads it back)."""
+    machine, the fastest kept in the schedule cache (a later compile reads it back).
+    ``weights``: "fp32", or "int8" / "int4" — the constant weights of linear layers quantized
+    in groups of 32 and multiplied in integer dot products (``passes.quantize_weights``; a
+    weight the format cannot take stays float32, and ``report`` says why)."""
     ctx = Context.make(target, device, schedule_cache(cache))
+    if weights != "fp32":
+        mod = quantize_for(mod, ctx.target, weights, report)
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
                "conv_layouts": conv_layouts, "verify": verify, "measure_topk": measure_topk}
     if buckets:

@@ -1,0 +1,332 @@
+"""Weight-only quantization of a Relax function's linear layers (``weights="int8" | "int4"``).
+
+A weight ``w [n, k]`` — a parameter (an LLM's weights, passed at run time) or a constant (a
+model imported with its weights) — is quantized when every use of it is a linear layer
+(``matmul(x, permute_dims(w))``, or ``matmul(x, c)`` with a constant ``c [k, n]``) or an
+embedding lookup (``take(w, ids, axis=0)``). Each linear layer becomes two of roller's kernels
+(``backends.cpu.quant_linear``): the activations quantized in groups, then the integer
+matmul over the packed weight; a lookup dequantizes its rows. A parameter ``w`` becomes two
+(its packed words and its scales, in its place); a constant becomes two constants.
+
+A weight whose shape the format cannot take, or that something else reads, stays float32 with
+its reason (``QuantDecision``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.ir.expr import Constant
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+from tvm_roller.backends.cpu.kv_cache import mark_scheduled
+from tvm_roller.backends.cpu.quant_format import GROUP, ROWS, QuantFormat, get_format, \
+    quantize_packed, shape_reason
+from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, has_int8_dot, \
+    matmul_kernel, quantize_rows_kernel
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.planner import FuncReport
+
+
+@dataclass(frozen=True)
+class QuantDecision:
+    """One weight: quantized (``reason`` None) or kept float32, and why."""
+
+    name: str
+    shape: Tuple[int, ...]
+    format: str
+    reason: Optional[str] = None
+    unused: bool = False  # read by nothing (a tied table's second name): dropped
+
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_LINEAR, _GATHER, _OTHER = "linear", "gather", "other"
+
+
+def _uses(func: relax.Function) -> Dict[relax.Var, set]:
+    """How each variable is read: ``linear`` (as ``permute_dims(v)`` feeding only matmuls'
+    second operand), ``gather`` (``take(v, ids, axis=0)``), ``other``."""
+    uses: Dict[relax.Var, set] = {}
+    transposes: Dict[relax.Var, relax.Var] = {}
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    for b in bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and getattr(v.op, "name", "") == "relax.permute_dims" \
+                and isinstance(v.args[0], relax.Var) and len(v.args[0].ty.shape) == 2:
+            transposes[b.var] = v.args[0]
+    for b in bindings:
+        v = b.value
+        if b.var in transposes:
+            continue  # the transpose itself: its own uses say what the weight is
+        name = getattr(v.op, "name", "") if isinstance(v, relax.Call) else ""
+        for i, arg in enumerate(v.args if isinstance(v, relax.Call) else ()):
+            if not isinstance(arg, relax.Var):
+                continue
+            if arg in transposes and name == "relax.matmul" and i == 1:
+                uses.setdefault(transposes[arg], set()).add(_LINEAR)
+            elif name == "relax.take" and i == 0 and int(v.attrs.axis or 0) == 0:
+                uses.setdefault(arg, set()).add(_GATHER)
+            else:
+                uses.setdefault(transposes.get(arg, arg), set()).add(_OTHER)
+        if not isinstance(v, relax.Call):
+            for arg in relax.analysis.free_vars(v):
+                uses.setdefault(transposes.get(arg, arg), set()).add(_OTHER)
+    for arg in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(transposes.get(arg, arg), set()).add(_OTHER)
+    return uses
+
+
+def param_decisions(func: relax.Function, fmt: QuantFormat,
+                    names: Sequence[str]) -> List[QuantDecision]:
+    """One decision per parameter named in ``names`` (the function's trailing parameters, in
+    order: an LLM's weights)."""
+    uses = _uses(func)
+    params = list(func.params)[len(func.params) - len(names):]
+    out = []
+    for name, p in zip(names, params):
+        shape = tuple(int(d) for d in p.ty.shape) if p.ty.shape is not None else ()
+        kinds = uses.get(p, set())
+        if not kinds:
+            out.append(QuantDecision(name, shape, fmt.name, "unused", unused=True))
+            continue
+        if len(shape) != 2 or str(p.ty.dtype) != "float32":
+            reason = "not a float32 matrix read by a linear layer"
+        elif _OTHER in kinds:
+            reason = "also read by other than a linear layer or an embedding lookup"
+        else:
+            reason = shape_reason(fmt, *shape)
+        out.append(QuantDecision(name, shape, fmt.name, reason))
+    return out
+
+
+class _Kernels:
+    """The kernels the rewritten functions call, added once each to the module being built
+    (``builder``: a BlockBuilder over it, which gives their GlobalVars the callee type
+    ``call_tir`` checks)."""
+
+    def __init__(self, fmt: QuantFormat, builder: relax.BlockBuilder, report: Optional[list],
+                 prefix: str = ""):
+        self.fmt, self.builder, self.report, self.prefix = fmt, builder, report, prefix
+        self.gvars: Dict[str, tvm.ir.GlobalVar] = {}
+
+    def get(self, kind: str, n: int, k: int) -> tvm.ir.GlobalVar:
+        name = f"{self.prefix}quant_{kind}_{self.fmt.name}_{n}x{k}" \
+            if kind != "quantize_rows" else f"{self.prefix}quant_rows_{self.fmt.name}_{k}"
+        if name not in self.gvars:
+            make = {"matmul": lambda: matmul_kernel(self.fmt, n, k),
+                    "gather": lambda: gather_rows_kernel(self.fmt, n, k),
+                    "quantize_rows": lambda: quantize_rows_kernel(self.fmt, k)}[kind]
+            self.gvars[name] = self.builder.add_func(mark_scheduled(make()), name)
+            if self.report is not None:
+                self.report.append(FuncReport(name, "roller", kind="quant-linear").to_dict())
+        return self.gvars[name]
+
+
+def _product(dims) -> tirx.PrimExpr:
+    """The number of rows ``dims`` make (symbolic where a dimension is)."""
+    m = tirx.IntImm("int64", 1)
+    for d in dims:
+        m = m * d
+    return tvm.sym.Analyzer().simplify(m)
+
+
+def _linear(x: relax.Expr, words: relax.Expr, scales: relax.Expr, n: int, k: int,
+            kernels: _Kernels) -> relax.Expr:
+    """``x [..., k] @ w.T`` over the packed ``w [n, k]``."""
+    lead = list(x.ty.shape)[:-1]
+    m = _product(lead)
+    flat = relax.op.reshape(x, relax.ShapeExpr([m, k]))
+    q = relax.call_tir(kernels.get("quantize_rows", n, k), [flat], [
+        relax.TensorType([m, k], "int8"),
+        relax.TensorType([m, k // GROUP], "float32"),
+        relax.TensorType([m, k // GROUP], "int32")])
+    y = relax.call_tir(kernels.get("matmul", n, k),
+                       [relax.TupleGetItem(q, 0), relax.TupleGetItem(q, 1),
+                        relax.TupleGetItem(q, 2), words, scales],
+                       relax.TensorType([m, n], "float32"))
+    return relax.op.reshape(y, relax.ShapeExpr(lead + [n]))
+
+
+def _gather(ids: relax.Expr, words: relax.Expr, scales: relax.Expr, n: int, k: int,
+            kernels: _Kernels) -> relax.Expr:
+    """``take(w, ids, axis=0)`` over the packed ``w [n, k]``."""
+    lead = list(ids.ty.shape)
+    m = _product(lead)
+    flat = relax.op.reshape(relax.op.astype(ids, "int64"), relax.ShapeExpr([m]))
+    rows = relax.call_tir(kernels.get("gather", n, k), [flat, words, scales],
+                          relax.TensorType([m, k], "float32"))
+    return relax.op.reshape(rows, relax.ShapeExpr(lead + [k]))
+
+
+def packed_types(fmt: QuantFormat, n: int, k: int) -> Tuple[relax.TensorType, ...]:
+    g = k // GROUP
+    return (relax.TensorType([n // ROWS, g, fmt.chunks, ROWS], "int32"),
+            relax.TensorType([n // ROWS, g, ROWS], "float32"))
+
+
+def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecision],
+                    fmt: QuantFormat, report: Optional[list] = None,
+                    prefix: str = "") -> tvm.IRModule:
+    """``mod`` with function ``name``'s trailing parameters (one per decision) that are to be
+    quantized replaced by their packed words and scales (in their place), unused ones dropped,
+    and its linear layers and lookups over them rewritten onto the kernels (named
+    ``prefix``...)."""
+    gv = mod.get_global_var(name)
+    func = mod[gv]
+    params = list(func.params)
+    first = len(params) - len(decisions)
+    packed: Dict[relax.Var, Tuple[relax.Var, relax.Var, int, int]] = {}
+    new_params = params[:first]
+    for d, p in zip(decisions, params[first:]):
+        if d.unused:
+            continue
+        if d.reason is not None:
+            new_params.append(p)
+            continue
+        n, k = d.shape
+        ws, ss = packed_types(fmt, n, k)
+        wv, sv = relax.Var(f"{p.name}_q", ws), relax.Var(f"{p.name}_s", ss)
+        packed[p] = (wv, sv, n, k)
+        new_params += [wv, sv]
+    if len(new_params) == len(params) and not packed:
+        return mod
+    builder = relax.BlockBuilder(mod)
+    kernels = _Kernels(fmt, builder, report, prefix)
+    body = _rewrite(func, lambda w: packed.get(w) if isinstance(w, relax.Var) else None,
+                    kernels).body
+    builder.update_func(gv, relax.Function(new_params, body, func.ret_ty,
+                                           func.is_pure, func.attrs))
+    return _share_quantized_activations(builder.get())
+
+
+def _share_quantized_activations(mod: tvm.IRModule) -> tvm.IRModule:
+    """One quantization of an activation for all the linear layers reading it (q / k / v,
+    gate / up): the rewrite emits one per layer, identical calls that this merges."""
+    return relax.transform.EliminateCommonSubexpr()(mod)
+
+
+def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax.Function:
+    """Linear layers and lookups over a weight ``lookup`` knows (-> ``(words, scales, n, k)``;
+    ``transposed`` weights are ``[k, n]`` constants) rewritten onto the kernels."""
+    x, w, ids = wildcard(), wildcard(), wildcard()
+    linear = is_op("relax.matmul")(x, is_op("relax.permute_dims")(w))
+    plain = is_op("relax.matmul")(x, w)
+    gather = is_op("relax.take")(w, ids)
+
+    def on_linear(expr, matches):
+        found = lookup(matches[w])
+        if found is None or len(matches[x].ty.shape) < 1:
+            return expr
+        words, scales, n, k = found[:4]
+        return _linear(matches[x], words, scales, n, k, kernels)
+
+    def on_plain(expr, matches):
+        found = lookup(matches[w])
+        if found is None or len(found) < 5 or not found[4]:
+            return expr
+        words, scales, n, k = found[:4]
+        return _linear(matches[x], words, scales, n, k, kernels)
+
+    def on_gather(expr, matches):
+        found = lookup(matches[w])
+        if found is None or int(expr.attrs.axis or 0) != 0 or (len(found) > 4 and found[4]):
+            return expr
+        words, scales, n, k = found[:4]
+        return _gather(matches[ids], words, scales, n, k, kernels)
+
+    func = rewrite_call(linear, on_linear, func)
+    func = rewrite_call(gather, on_gather, func)
+    return rewrite_call(plain, on_plain, func)
+
+
+def quantize_constants(mod: tvm.IRModule, fmt: QuantFormat,
+                       decisions: Optional[list] = None,
+                       report: Optional[list] = None) -> tvm.IRModule:
+    """Every Relax function's constant linear weights quantized (see the module's docstring);
+    ``decisions`` gets one :class:`QuantDecision` per constant matrix a matmul reads."""
+    builder = relax.BlockBuilder(mod)
+    kernels = _Kernels(fmt, builder, report)
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        consts = _constant_weights(func, fmt, decisions)
+        if consts:
+            builder.update_func(gv, _rewrite(
+                func, lambda c: consts.get(c) if isinstance(c, Constant) else None, kernels))
+    return _share_quantized_activations(builder.get())
+
+
+def _constant_weights(func: relax.Function, fmt: QuantFormat,
+                      decisions: Optional[list]) -> Dict[Constant, tuple]:
+    """The constant matrices matmuls read as their second operand (``w [n, k]`` transposed
+    in a ``permute_dims``, or ``c [k, n]`` itself), packed; keyed by the constant node."""
+    found: Dict[Constant, tuple] = {}
+    seen: set = set()
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+    def value(expr):
+        return bound.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def visit(expr):
+        if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") ==
+                "relax.matmul"):
+            return
+        b = value(expr.args[1])
+        transposed = isinstance(b, Constant)
+        if not transposed and isinstance(b, relax.Call) and \
+                getattr(b.op, "name", "") == "relax.permute_dims":
+            b = value(b.args[0])
+        if not isinstance(b, Constant) or len(b.ty.shape) != 2 or b in seen:
+            return
+        seen.add(b)
+        array = b.value.numpy()
+        if array.dtype != np.float32:
+            return
+        w = array.T if transposed else array
+        n, k = w.shape
+        reason = shape_reason(fmt, n, k)
+        if decisions is not None:
+            decisions.append(QuantDecision(f"constant[{n}x{k}]", (n, k), fmt.name, reason))
+        if reason is None:
+            words, scales = quantize_packed(fmt, np.ascontiguousarray(w))
+            found[b] = (relax.const(words), relax.const(scales), n, k, transposed)
+
+    relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def check_target(target, weights: str) -> QuantFormat:
+    """The format named ``weights``; an ``UnsupportedError`` where ``target`` lacks the integer
+    dot product (the float32 path is the caller's fallback)."""
+    fmt = get_format(weights)
+    if not has_int8_dot(target):
+        raise UnsupportedError(f"weights={weights!r} needs a CPU with AVX-512 VNNI (vpdpbusd); "
+                               f"target {target} lacks it: compile with weights='fp32'")
+    return fmt
+
+
+def quantize_for(mod: tvm.IRModule, target, weights: str,
+                 report: Optional[list] = None) -> tvm.IRModule:
+    """``quantize_constants`` in format ``weights`` on ``target``; each weight's decision is
+    a report entry (kind "quant-weight", with its reason when it stays float32)."""
+    fmt = check_target(target, weights)
+    decisions: list = []
+    out = quantize_constants(mod, fmt, decisions, report)
+    if report is not None:
+        report.extend(weight_entries(decisions))
+    return out
+
+
+def weight_entries(decisions: Sequence[QuantDecision]) -> List[dict]:
+    """Report entries for the matrices' decisions: quantized ones as roller's, the others
+    declined with their reason (vectors — norms' weights, biases — are not listed)."""
+    return [FuncReport(f"weight {d.name}", "roller" if d.reason is None else "fallback",
+                       kind="quant-weight", reason=d.reason or "",
+                       fallback="" if d.reason is None else "decline").to_dict()
+            for d in decisions if len(d.shape) == 2 and not d.unused]
