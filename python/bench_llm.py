@@ -7,9 +7,13 @@ prefill tok/s and decode tok/s of both (rounds alternating, median), whether the
 agree, and decode's bytes per second (weights + the cache read, per token) as a fraction of the
 calibrated DRAM bandwidth. Also the cold compile time and the peak resident memory. With
 ``--llama-cpp``, llama.cpp on the same weights (an f32 GGUF file: ``llamacpp_peer``) in the same
-rounds.
+rounds. ``--weights fp32,int8,int4``: roller's quantized weights too (decode's bandwidth counted
+at the bytes decode reads: the packed weights), each beside llama.cpp's same format (q8_0, q4_0)
+with ``--llama-cpp``; ``--hf-bf16`` and ``--torchao`` add HF eager in bf16 and with torchao's
+int8 weight-only linear layers.
 
     python python/bench_llm.py --config qwen2-0.5b --prompts 128,1024 --new 128 --llama-cpp
+    python python/bench_llm.py --weights fp32,int8,int4 --llama-cpp --hf-bf16 --torchao
 """
 from __future__ import annotations
 
@@ -101,15 +105,90 @@ def tvm_default_decode(model, max_seq_len: int, prompt: int, new: int) -> float:
     return lm.stats.decode_s / lm.stats.decode_tokens
 
 
-def gguf_file(model) -> str:
-    """The model's weights as an f32 GGUF file (a temporary directory: ~4 bytes a weight)."""
+LLAMA_CPP = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}  # llama.cpp's same format
+
+
+def gguf_file(model, kind: str = "f32") -> str:
+    """The model's weights as a GGUF file of ``kind`` (f32, q8_0, q4_0) in a temporary
+    directory."""
     import tempfile
 
     from llamacpp_peer import write_gguf
 
-    path = os.path.join(tempfile.mkdtemp(prefix="roller-gguf-"), "model-f32.gguf")
-    write_gguf(model, path, "f32")
+    path = os.path.join(tempfile.mkdtemp(prefix="roller-gguf-"), f"model-{kind}.gguf")
+    write_gguf(model, path, kind)
     return path
+
+
+def peer_models(model, bf16: bool, torchao: bool) -> dict:
+    """HF eager in fp32 (the model), and optionally in bf16 and with torchao's int8
+    weight-only linear layers (copies)."""
+    import copy
+
+    peers = {"HF fp32": model}
+    if bf16:
+        peers["HF bf16"] = copy.deepcopy(model).to(torch.bfloat16)
+    if torchao:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        quantized = copy.deepcopy(model)
+        quantize_(quantized, Int8WeightOnlyConfig())
+        peers["torchao int8"] = quantized
+    return peers
+
+
+def measure_prompt(n: int, args, cfg, lms: dict, peers: dict, ggufs: dict, nbytes: dict,
+                   dram: float, cache_per_pos: int) -> list:
+    """One prompt length: every roller format, HF peer and llama.cpp file, rounds
+    interleaved; one row per roller format (its peers' figures beside it)."""
+    ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    ours = {f: [] for f in lms}
+    theirs = {name: [] for name in peers}
+    cpp = {f: [] for f in ggufs}
+    outs, refs = {}, {}
+    for _ in range(args.rounds):
+        for fmt, lm in lms.items():
+            outs[fmt] = lm.generate(ids, args.new)
+            ours[fmt].append((lm.stats.prefill_s, lm.stats.decode_s / lm.stats.decode_tokens))
+        for name, peer in peers.items():
+            pre, dec, refs[name] = hf_times(peer, ids, args.new)
+            theirs[name].append((pre, dec))
+        for fmt, path in ggufs.items():
+            cpp[fmt].append(llamacpp_greedy(path, ids[0].tolist(), args.new, args.threads))
+
+    def med(pairs, i):
+        return statistics.median(p[i] for p in pairs)
+
+    ref = refs["HF fp32"]
+    peer_text = "  ".join(f"{name} {n / med(t, 0):.1f} / {1 / med(t, 1):.2f}"
+                          for name, t in theirs.items())
+    print(f"prompt {n:5d} peers (prefill / decode tok/s): {peer_text}", flush=True)
+    rows = []
+    for fmt in lms:
+        pre, dec = med(ours[fmt], 0), med(ours[fmt], 1)
+        bw = (nbytes[fmt] + cache_per_pos * (n + args.new // 2)) / dec
+        row = dict(prompt=n, new=args.new, weights=fmt, prefill_tok_s=n / pre,
+                   decode_tok_s=1 / dec, decode_gbs=bw / 1e9, decode_bw_fraction=bw / dram,
+                   weight_bytes=nbytes[fmt],
+                   tokens_match_hf_fp32=bool((outs[fmt] == ref).all()))
+        for name, t in theirs.items():
+            row[f"{name} prefill_tok_s"] = n / med(t, 0)
+            row[f"{name} decode_tok_s"] = 1 / med(t, 1)
+        text = (f"prompt {n:5d} roller {fmt}: prefill {n / pre:7.1f} tok/s "
+                f"({med(theirs['HF fp32'], 0) / pre:.2f}x HF fp32)  decode {1 / dec:6.2f} "
+                f"tok/s ({med(theirs['HF fp32'], 1) / dec:.2f}x HF fp32)  {bw / 1e9:5.1f} GB/s "
+                f"= {bw / dram:.0%} of DRAM at {nbytes[fmt] / 1e9:.3f} GB  tokens "
+                f"{'= HF fp32' if row['tokens_match_hf_fp32'] else 'differ from HF fp32'}")
+        if fmt in cpp:
+            cpre, cdec = med(cpp[fmt], 0), med(cpp[fmt], 1)
+            row.update(llamacpp_format=LLAMA_CPP[fmt], llamacpp_prefill_tok_s=n / cpre,
+                       llamacpp_decode_tok_s=1 / cdec)
+            text += (f"\n{'':14s}llama.cpp {LLAMA_CPP[fmt]}: prefill {n / cpre:7.1f} tok/s "
+                     f"(roller {cpre / pre:.2f}x)  decode {1 / cdec:6.2f} tok/s "
+                     f"(roller {cdec / dec:.2f}x)")
+        print(text, flush=True)
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -119,9 +198,15 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default="fp32",
+                    help="roller's weight formats, comma-separated: fp32, int8, int4")
     ap.add_argument("--json", default=None)
     ap.add_argument("--llama-cpp", action="store_true",
-                    help="also time llama.cpp (llama-cpp-python) on the same weights in f32")
+                    help="also time llama.cpp (llama-cpp-python) on the same weights in the same "
+                         "format (f32, q8_0, q4_0)")
+    ap.add_argument("--hf-bf16", action="store_true", help="also time HF eager in bf16")
+    ap.add_argument("--torchao", action="store_true",
+                    help="also time HF eager with torchao's int8 weight-only linear layers")
     ap.add_argument("--tvm-default", action="store_true",
                     help="also time TVM's own CPU build's decode (dlight CPU rules; prompt 16, "
                          "8 new tokens: its unscheduled prefill GEMMs are slow)")
@@ -130,50 +215,29 @@ def main() -> None:
     prompts = [int(p) for p in args.prompts.split(",")]
     model, cfg = build(args.config)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    t0 = time.perf_counter()
-    lm = llm.compile(model, max_seq_len=max(prompts) + args.new, cache=False)
-    compile_s = time.perf_counter() - t0
     dram = Context.make(host_target()).device.dram.bandwidth_gbs * 1e9
+    lms, nbytes, compile_s = {}, {}, {}
+    for fmt in args.weights.split(","):
+        t0 = time.perf_counter()
+        lms[fmt] = llm.compile(model, max_seq_len=max(prompts) + args.new, weights=fmt,
+                               cache=False)
+        compile_s[fmt] = time.perf_counter() - t0
+        # what a decode step reads: the weights as decode takes them (packed, where quantized;
+        # a tied table passed under two names counted once)
+        unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
+                  for w in lms[fmt].decode_weights}
+        nbytes[fmt] = sum(t.numel() * t.element_size() for t in unique.values())
+        print(f"{args.config} {fmt}: {nbytes[fmt] / 1e9:.3f} GB of weights read per token "
+              f"(fp32 model {weight_bytes / 1e9:.2f} GB), compile {compile_s[fmt]:.1f} s, "
+              f"{len(lms[fmt].report)} entries, DRAM {dram / 1e9:.1f} GB/s calibrated",
+              flush=True)
+    lm = next(iter(lms.values()))
     cache_per_pos = 2 * lm.cache.layers * lm.cache.kv_heads * lm.cache.head_dim * 4
-    print(f"{args.config}: {weight_bytes / 1e9:.2f} GB of weights, compile {compile_s:.1f} s, "
-          f"{len(lm.report)} functions ({sum(e['status'] == 'roller' for e in lm.report)} "
-          f"roller's), DRAM {dram / 1e9:.1f} GB/s calibrated")
-    gguf = gguf_file(model) if args.llama_cpp else None
+    ggufs = {f: gguf_file(model, LLAMA_CPP[f]) for f in lms} if args.llama_cpp else {}
+    peers = peer_models(model, args.hf_bf16, args.torchao)
     rows = []
     for n in prompts:
-        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-        ours, theirs, cpp = [], [], []
-        for _ in range(args.rounds):
-            out = lm.generate(ids, args.new)
-            ours.append((lm.stats.prefill_s, lm.stats.decode_s / lm.stats.decode_tokens))
-            hf_pre, hf_dec, ref = hf_times(model, ids, args.new)
-            theirs.append((hf_pre, hf_dec))
-            if gguf:
-                cpp.append(llamacpp_greedy(gguf, ids[0].tolist(), args.new, args.threads))
-        pre = statistics.median(o[0] for o in ours)
-        dec = statistics.median(o[1] for o in ours)
-        hpre = statistics.median(t[0] for t in theirs)
-        hdec = statistics.median(t[1] for t in theirs)
-        same = int((out == ref).all())
-        ctx_mid = n + args.new // 2
-        bw = (weight_bytes + cache_per_pos * ctx_mid) / dec
-        row = dict(prompt=n, new=args.new, prefill_tok_s=n / pre, hf_prefill_tok_s=n / hpre,
-                   decode_tok_s=1 / dec, hf_decode_tok_s=1 / hdec, decode_gbs=bw / 1e9,
-                   decode_bw_fraction=bw / dram, tokens_match=bool(same))
-        if cpp:
-            cpre = statistics.median(c[0] for c in cpp)
-            cdec = statistics.median(c[1] for c in cpp)
-            row.update(llamacpp_prefill_tok_s=n / cpre, llamacpp_decode_tok_s=1 / cdec,
-                       llamacpp_tokens_match=cpp[-1][2] == ref[0].tolist())
-            print(f"prompt {n:5d}: llama.cpp f32 prefill {n / cpre:8.1f} tok/s (roller "
-                  f"{cpre / pre:.2f}x)  decode {1 / cdec:6.2f} tok/s (roller {cdec / dec:.2f}x)"
-                  f"  tokens {'= HF' if row['llamacpp_tokens_match'] else 'differ from HF'}",
-                  flush=True)
-        rows.append(row)
-        print(f"prompt {n:5d}: prefill {n / pre:8.1f} tok/s (HF {n / hpre:8.1f}, "
-              f"{hpre / pre:.2f}x)  decode {1 / dec:6.2f} tok/s (HF {1 / hdec:6.2f}, "
-              f"{hdec / dec:.2f}x)  {bw / 1e9:5.1f} GB/s = {bw / dram:.0%} of DRAM  "
-              f"tokens {'match' if same else 'differ'}", flush=True)
+        rows += measure_prompt(n, args, cfg, lms, peers, ggufs, nbytes, dram, cache_per_pos)
     attention = attention_profile(lm, dram, [c for c in (128, 512, 1024) if c < lm.max_seq_len])
     tvm_default = None
     if args.tvm_default:
@@ -183,10 +247,11 @@ def main() -> None:
               f" tok/s at context ~20, {(weight_bytes / tvm_default) / dram:.1%} of DRAM "
               f"(built and run in {time.perf_counter() - t0:.0f} s)", flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"peak resident memory {rss / 1e9:.2f} GB (HF's model and roller's weights both held)")
+    print(f"peak resident memory {rss / 1e9:.2f} GB (HF's model, its peers and roller's "
+          "weights in every format all held)")
     if args.json:
         write_json(args.json, dict(config=args.config, compile_s=compile_s, rows=rows,
-                                   weight_bytes=weight_bytes, peak_rss=rss, attention=attention,
+                                   weight_bytes=nbytes, peak_rss=rss, attention=attention,
                                    tvm_default_decode_s=tvm_default))
 
 

@@ -57,8 +57,7 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
     bindings = [b for block in func.body.blocks for b in block.bindings]
     for b in bindings:
         v = b.value
-        if isinstance(v, relax.Call) and getattr(v.op, "name", "") == "relax.permute_dims" \
-                and isinstance(v.args[0], relax.Var) and len(v.args[0].ty.shape) == 2:
+        if _is_transpose(v) and isinstance(v.args[0], relax.Var):
             transposes[b.var] = v.args[0]
     for b in bindings:
         v = b.value
@@ -68,7 +67,7 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
         for i, arg in enumerate(v.args if isinstance(v, relax.Call) else ()):
             if not isinstance(arg, relax.Var):
                 continue
-            if arg in transposes and name == "relax.matmul" and i == 1:
+            if arg in transposes and name == "relax.matmul" and i == 1 and _float_rows(v):
                 uses.setdefault(transposes[arg], set()).add(_LINEAR)
             elif name == "relax.take" and i == 0 and int(v.attrs.axis or 0) == 0:
                 uses.setdefault(arg, set()).add(_GATHER)
@@ -80,6 +79,22 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
     for arg in relax.analysis.free_vars(func.body.body):
         uses.setdefault(transposes.get(arg, arg), set()).add(_OTHER)
     return uses
+
+
+def _is_transpose(expr) -> bool:
+    """``permute_dims`` of a matrix that swaps its axes."""
+    if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") ==
+            "relax.permute_dims") or len(expr.args[0].ty.shape or ()) != 2:
+        return False
+    axes = expr.attrs.axes
+    return axes is None or [int(a) for a in axes] == [1, 0]
+
+
+def _float_rows(matmul: relax.Call) -> bool:
+    """A matmul whose first operand the kernels take: float32 rows (``[..., k]``)."""
+    x = matmul.args[0]
+    return str(x.ty.dtype) == "float32" and len(x.ty.shape or ()) >= 1 and \
+        str(matmul.ty.dtype) == "float32"
 
 
 def param_decisions(func: relax.Function, fmt: QuantFormat,
@@ -215,20 +230,21 @@ def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax
     """Linear layers and lookups over a weight ``lookup`` knows (-> ``(words, scales, n, k)``;
     ``transposed`` weights are ``[k, n]`` constants) rewritten onto the kernels."""
     x, w, ids = wildcard(), wildcard(), wildcard()
-    linear = is_op("relax.matmul")(x, is_op("relax.permute_dims")(w))
+    transpose = is_op("relax.permute_dims")(w)
+    linear = is_op("relax.matmul")(x, transpose)
     plain = is_op("relax.matmul")(x, w)
     gather = is_op("relax.take")(w, ids)
 
     def on_linear(expr, matches):
         found = lookup(matches[w])
-        if found is None or len(matches[x].ty.shape) < 1:
+        if found is None or not _is_transpose(matches[transpose]) or not _float_rows(expr):
             return expr
         words, scales, n, k = found[:4]
         return _linear(matches[x], words, scales, n, k, kernels)
 
     def on_plain(expr, matches):
         found = lookup(matches[w])
-        if found is None or len(found) < 5 or not found[4]:
+        if found is None or len(found) < 5 or not found[4] or not _float_rows(expr):
             return expr
         words, scales, n, k = found[:4]
         return _linear(matches[x], words, scales, n, k, kernels)
@@ -275,12 +291,11 @@ def _constant_weights(func: relax.Function, fmt: QuantFormat,
 
     def visit(expr):
         if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") ==
-                "relax.matmul"):
+                "relax.matmul") or not _float_rows(expr):
             return
         b = value(expr.args[1])
         transposed = isinstance(b, Constant)
-        if not transposed and isinstance(b, relax.Call) and \
-                getattr(b.op, "name", "") == "relax.permute_dims":
+        if not transposed and _is_transpose(b):
             b = value(b.args[0])
         if not isinstance(b, Constant) or len(b.ty.shape) != 2 or b in seen:
             return
