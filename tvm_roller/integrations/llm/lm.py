@@ -86,29 +86,29 @@ class CausalLM:
         an ``[n, vocab]`` float32 array: position ``i`` is a decode step over positions
         ``[0, i]`` (accuracy and perplexity evaluation)."""
         prompt = self._prompt(input_ids, 0)
-        dev = tvm.cpu()
-        keys, values, marker = self.buffers()
-        decode = self.vm["decode"]
         out = np.empty((prompt.shape[1], self.vocab), dtype="float32")
         for i in range(prompt.shape[1]):
-            step = tvm.runtime.tensor(prompt[:, i:i + 1], dev)
-            out[i] = decode(step, keys, values, marker._create_view((i + 1,)),
-                            *self.decode_weights)[0].numpy()[0]
+            out[i] = self._decode(prompt[:, i:i + 1], i + 1).numpy()[0]
         return out
+
+    def _decode(self, ids: np.ndarray, length: int):
+        """One decode step: the logits after ``ids`` ([1, 1]), the cache's live length
+        ``length`` with it."""
+        keys, values, marker = self.buffers()
+        return self.vm["decode"](tvm.runtime.tensor(ids, tvm.cpu()), keys, values,
+                                 marker._create_view((length,)), *self.decode_weights)[0]
 
     def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
                 stops: set) -> Iterator[int]:
         if max_new_tokens == 0:
             return
-        dev = tvm.cpu()
-        keys, values, marker = self.buffers()
-        prefill, decode = self.vm["prefill"], self.vm["decode"]
+        keys, values, _ = self.buffers()
         t0 = time.perf_counter()
-        ids = tvm.runtime.tensor(prompt, dev)
         if prompt.shape[1] == 1:  # one position: a decode step from an empty cache
-            logits = decode(ids, keys, values, marker._create_view((1,)), *self.decode_weights)[0]
+            logits = self._decode(prompt, 1)
         else:
-            logits = prefill(ids, keys, values, *self.weights)[0]
+            logits = self.vm["prefill"](tvm.runtime.tensor(prompt, tvm.cpu()), keys, values,
+                                        *self.weights)[0]
         token = pick(logits.numpy())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
         yield token
@@ -116,9 +116,7 @@ class CausalLM:
             if token in stops:
                 return
             t0 = time.perf_counter()
-            step = tvm.runtime.tensor(np.array([[token]], dtype="int64"), dev)
-            logits = decode(step, keys, values, marker._create_view((length,)),
-                            *self.decode_weights)[0]
+            logits = self._decode(np.array([[token]], dtype="int64"), length)
             token = pick(logits.numpy())
             self.stats.decode_s += time.perf_counter() - t0
             self.stats.decode_tokens += 1

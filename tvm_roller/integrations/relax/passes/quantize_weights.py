@@ -46,6 +46,18 @@ class QuantDecision:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _Packed:
+    """A quantized weight ``w [n, k]`` as the rewritten function reads it; ``transposed``: a
+    constant held as ``[k, n]`` (read by ``matmul(x, c)``, not through a ``permute_dims``)."""
+
+    words: relax.Expr
+    scales: relax.Expr
+    n: int
+    k: int
+    transposed: bool = False
+
+
 _LINEAR, _GATHER, _OTHER = "linear", "gather", "other"
 
 
@@ -151,9 +163,9 @@ def _product(dims) -> tirx.PrimExpr:
     return tvm.sym.Analyzer().simplify(m)
 
 
-def _linear(x: relax.Expr, words: relax.Expr, scales: relax.Expr, n: int, k: int,
-            kernels: _Kernels) -> relax.Expr:
+def _linear(x: relax.Expr, w: _Packed, kernels: _Kernels) -> relax.Expr:
     """``x [..., k] @ w.T`` over the packed ``w [n, k]``."""
+    n, k = w.n, w.k
     lead = list(x.ty.shape)[:-1]
     m = _product(lead)
     flat = relax.op.reshape(x, relax.ShapeExpr([m, k]))
@@ -163,18 +175,18 @@ def _linear(x: relax.Expr, words: relax.Expr, scales: relax.Expr, n: int, k: int
         relax.TensorType([m, k // GROUP], "int32")])
     y = relax.call_tir(kernels.get("matmul", n, k),
                        [relax.TupleGetItem(q, 0), relax.TupleGetItem(q, 1),
-                        relax.TupleGetItem(q, 2), words, scales],
+                        relax.TupleGetItem(q, 2), w.words, w.scales],
                        relax.TensorType([m, n], "float32"))
     return relax.op.reshape(y, relax.ShapeExpr(lead + [n]))
 
 
-def _gather(ids: relax.Expr, words: relax.Expr, scales: relax.Expr, n: int, k: int,
-            kernels: _Kernels) -> relax.Expr:
+def _gather(ids: relax.Expr, w: _Packed, kernels: _Kernels) -> relax.Expr:
     """``take(w, ids, axis=0)`` over the packed ``w [n, k]``."""
+    n, k = w.n, w.k
     lead = list(ids.ty.shape)
     m = _product(lead)
     flat = relax.op.reshape(relax.op.astype(ids, "int64"), relax.ShapeExpr([m]))
-    rows = relax.call_tir(kernels.get("gather", n, k), [flat, words, scales],
+    rows = relax.call_tir(kernels.get("gather", n, k), [flat, w.words, w.scales],
                           relax.TensorType([m, k], "float32"))
     return relax.op.reshape(rows, relax.ShapeExpr(lead + [k]))
 
@@ -196,7 +208,7 @@ def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecis
     func = mod[gv]
     params = list(func.params)
     first = len(params) - len(decisions)
-    packed: Dict[relax.Var, Tuple[relax.Var, relax.Var, int, int]] = {}
+    packed: Dict[relax.Var, _Packed] = {}
     new_params = params[:first]
     for d, p in zip(decisions, params[first:]):
         if d.unused:
@@ -207,7 +219,7 @@ def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecis
         n, k = d.shape
         ws, ss = packed_types(fmt, n, k)
         wv, sv = relax.Var(f"{p.name}_q", ws), relax.Var(f"{p.name}_s", ss)
-        packed[p] = (wv, sv, n, k)
+        packed[p] = _Packed(wv, sv, n, k)
         new_params += [wv, sv]
     if len(new_params) == len(params) and not packed:
         return mod
@@ -227,8 +239,8 @@ def _share_quantized_activations(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax.Function:
-    """Linear layers and lookups over a weight ``lookup`` knows (-> ``(words, scales, n, k)``;
-    ``transposed`` weights are ``[k, n]`` constants) rewritten onto the kernels."""
+    """Linear layers and lookups over a weight ``lookup`` knows (-> its ``_Packed``) rewritten
+    onto the kernels."""
     x, w, ids = wildcard(), wildcard(), wildcard()
     transpose = is_op("relax.permute_dims")(w)
     linear = is_op("relax.matmul")(x, transpose)
@@ -237,24 +249,22 @@ def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax
 
     def on_linear(expr, matches):
         found = lookup(matches[w])
-        if found is None or not _is_transpose(matches[transpose]) or not _float_rows(expr):
+        if found is None or found.transposed or not _is_transpose(matches[transpose]) \
+                or not _float_rows(expr):
             return expr
-        words, scales, n, k = found[:4]
-        return _linear(matches[x], words, scales, n, k, kernels)
+        return _linear(matches[x], found, kernels)
 
     def on_plain(expr, matches):
         found = lookup(matches[w])
-        if found is None or len(found) < 5 or not found[4] or not _float_rows(expr):
+        if found is None or not found.transposed or not _float_rows(expr):
             return expr
-        words, scales, n, k = found[:4]
-        return _linear(matches[x], words, scales, n, k, kernels)
+        return _linear(matches[x], found, kernels)
 
     def on_gather(expr, matches):
         found = lookup(matches[w])
-        if found is None or int(expr.attrs.axis or 0) != 0 or (len(found) > 4 and found[4]):
+        if found is None or found.transposed or int(expr.attrs.axis or 0) != 0:
             return expr
-        words, scales, n, k = found[:4]
-        return _gather(matches[ids], words, scales, n, k, kernels)
+        return _gather(matches[ids], found, kernels)
 
     func = rewrite_call(linear, on_linear, func)
     func = rewrite_call(gather, on_gather, func)
@@ -279,10 +289,10 @@ def quantize_constants(mod: tvm.IRModule, fmt: QuantFormat,
 
 
 def _constant_weights(func: relax.Function, fmt: QuantFormat,
-                      decisions: Optional[list]) -> Dict[Constant, tuple]:
+                      decisions: Optional[list]) -> Dict[Constant, _Packed]:
     """The constant matrices matmuls read as their second operand (``w [n, k]`` transposed
     in a ``permute_dims``, or ``c [k, n]`` itself), packed; keyed by the constant node."""
-    found: Dict[Constant, tuple] = {}
+    found: Dict[Constant, _Packed] = {}
     seen: set = set()
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
 
@@ -310,7 +320,7 @@ def _constant_weights(func: relax.Function, fmt: QuantFormat,
             decisions.append(QuantDecision(f"constant[{n}x{k}]", (n, k), fmt.name, reason))
         if reason is None:
             words, scales = quantize_packed(fmt, np.ascontiguousarray(w))
-            found[b] = (relax.const(words), relax.const(scales), n, k, transposed)
+            found[b] = _Packed(relax.const(words), relax.const(scales), n, k, transposed)
 
     relax.analysis.post_order_visit(func, visit)
     return found
