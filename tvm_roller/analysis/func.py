@@ -129,18 +129,22 @@ def _buffer_name(node) -> str:
     return str(getattr(buf, "name", buf))
 
 
-def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES) -> FuncAnalysis:
+def analyze(func, tiled_dtypes: Sequence[str] = SUPPORTED_DTYPES,
+            operand_dtypes: Sequence[str] = ()) -> FuncAnalysis:
     """Analyse ``func`` (a PrimFunc or an IRModule holding one); raise UnsupportedError if
     unfit. ``tiled_dtypes``: the float dtypes the backend's compute-bound kernels take (each
-    backend passes its own); streaming kernels take them and the integer and bool types too."""
+    backend passes its own); streaming kernels take them and the integer and bool types too.
+    ``operand_dtypes``: low-precision dtypes (bf16, int8) its compute-bound kernels take as
+    operands, accumulating in a tiled dtype or int32; streaming kernels take them too."""
     func = unwrap_func(func)
     tiled_dtypes = tuple(tiled_dtypes)
-    buffers, checker = _check_signature(func, tiled_dtypes)
+    operand_dtypes = tuple(operand_dtypes)
+    buffers, checker = _check_signature(func, tiled_dtypes + operand_dtypes)
     infos, stmts = _collect_blocks(func)
     _check_blocks(infos, stmts, checker)
     main_info = _main_block(infos)
     fa = _main_analysis(func, infos, main_info, stmts[main_info.name])
-    _classify(fa, main_info, infos, buffers, tiled_dtypes)
+    _classify(fa, main_info, infos, buffers, tiled_dtypes, operand_dtypes)
     return fa
 
 
@@ -262,8 +266,9 @@ def _main_analysis(func: tirx.PrimFunc, infos: List[BlockInfo], main_info: Block
 
 
 def _classify(fa: FuncAnalysis, main_info: BlockInfo, infos: Sequence[BlockInfo], buffers,
-              tiled_dtypes: Tuple[str, ...]) -> None:
-    """Set ``fa.kind``; a tiled kernel needs the tiled dtypes."""
+              tiled_dtypes: Tuple[str, ...], operand_dtypes: Tuple[str, ...] = ()) -> None:
+    """Set ``fa.kind``; a tiled kernel needs the tiled dtypes (or low-precision operands
+    and their accumulators)."""
     if not main_info.is_reduction:
         fa.kind = "elementwise"
     elif fa.vector_axis is not None and (fa.axes[fa.vector_axis].extent >= 4 or
@@ -272,7 +277,10 @@ def _classify(fa: FuncAnalysis, main_info: BlockInfo, infos: Sequence[BlockInfo]
     else:
         fa.kind = "reduction"
     if fa.kind == "tiled":
-        bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in tiled_dtypes]
+        allowed = tiled_dtypes
+        if any(r.dtype in operand_dtypes for r in fa.reads):
+            allowed = tiled_dtypes + operand_dtypes + ("int32",)
+        bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in allowed]
         if bad and not _streams_integers(main_info, infos, buffers, tiled_dtypes):
             raise UnsupportedError(
                 f"a compute-bound (tiled) kernel needs {' or '.join(tiled_dtypes)} tensors; "

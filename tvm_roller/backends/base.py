@@ -126,6 +126,9 @@ class Backend(ABC):
     name: str = ""
     #: the float dtypes its compute-bound kernels take (analysis; streaming adds integers)
     tiled_dtypes: Tuple[str, ...] = SUPPORTED_DTYPES
+    #: low-precision operand dtypes its compute-bound kernels take (bf16, int8: a rule
+    #: declines the function when the target lacks the product)
+    operand_dtypes: Tuple[str, ...] = ()
     #: convolutions are converted to these layouts before scheduling (Relax op -> layouts)
     conv_layouts: Dict[str, List[str]] = {}
     #: PassContext config its kernels are compiled under
@@ -197,7 +200,7 @@ class Backend(ABC):
     # -- derived -------------------------------------------------------------------------------
     def analyze(self, func) -> FuncAnalysis:
         """``analysis.analyze`` with this backend's dtypes."""
-        return analyze(func, self.tiled_dtypes)
+        return analyze(func, self.tiled_dtypes, self.operand_dtypes)
 
     def rule_for(self, fa: FuncAnalysis) -> OpRule:
         """The first rule that matches ``fa``; UnsupportedError when none does."""

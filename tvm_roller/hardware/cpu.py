@@ -229,6 +229,15 @@ def _isa_from_table(mcpu: str, mattr: List[str], arch: str) -> str:
     return isa
 
 
+#: LLVM features naming a low-precision product a kernel may be built from
+MATRIX_FEATURES = ("amx-bf16", "amx-int8", "avx512bf16", "avx512vnni")
+
+
+def matrix_units(feats: Set[str]) -> Tuple[str, ...]:
+    """The low-precision products among an LLVM feature set (empty when LLVM cannot say)."""
+    return tuple(f for f in MATRIX_FEATURES if f in feats)
+
+
 def detect_isa(tgt: Target) -> Tuple[str, Set[str]]:
     """(ISA family, LLVM features or empty set) of an llvm target."""
     spec = plain(tgt.export())
@@ -286,8 +295,8 @@ def from_target(tgt: Target, use_cache: bool = True, *,
     if use_cache:
         key = _cache.calibration_key(host_cpu(), mcpu, cores, target_mattr(spec))
         cached = _cache.load_calibration(key)
-        if cached is not None:
-            return cached
+        if cached is not None:  # (a calibration file from before the field: the target's)
+            return replace(cached, cpu=replace(cached.cpu, matrix_units=matrix_units(feats)))
 
     fma_units = float(_FMA_UNITS.get((mcpu, isa), base.cpu.fma_units))
     freq = (host_frequency_ghz() if host else None) or base.frequency_ghz
@@ -334,5 +343,5 @@ def from_target(tgt: Target, use_cache: bool = True, *,
         frequency_ghz=round(freq, 4),
         isa=isa,
         source=f"estimated: {where}",
-        cpu=replace(base.cpu, fma_units=fma_units),
+        cpu=replace(base.cpu, fma_units=fma_units, matrix_units=matrix_units(feats)),
     )

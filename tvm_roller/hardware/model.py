@@ -10,7 +10,7 @@ import json
 import re
 import typing
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from tvm_roller.core.errors import UnsupportedError
 
@@ -62,6 +62,9 @@ class CpuTraits:
     # one core's GFLOP/s of the register micro-kernel per tile "<rows>x<vectors>" (float32,
     # operands in L1), measured by calibrate(); None: the micro-model's analytical efficiency
     tile_gflops: Optional[Dict[str, float]] = None
+    # the target's matrix and dot-product instructions by LLVM feature name ("amx-bf16",
+    # "amx-int8", "avx512bf16", "avx512vnni"): which low-precision products it has
+    matrix_units: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +107,8 @@ def _traits_from_dict(cls, values: Any, legacy: bool = False):
             # Optional[int] -> int
             base = next((a for a in typing.get_args(hints[k]) if a is not type(None)), hints[k])
             kw[k] = base(v) if v is not None and base in (int, float, bool) else v
+            if typing.get_origin(hints[k]) is tuple and v is not None:
+                kw[k] = tuple(v)  # (JSON has lists only)
     return cls(**kw)
 
 

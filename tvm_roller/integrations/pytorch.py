@@ -1,16 +1,73 @@
 """PyTorch models into Relax: ``torch.export`` and TVM's importer, weights as constants."""
 from __future__ import annotations
 
+#: operand dtypes whose matmul result keeps the operands' dtype (PyTorch's semantics)
+_LOW_PRECISION = ("bfloat16", "float16")
+
 
 def import_torch(model, example, dynamic_shapes=None):
     """torch.export + Relax's importer; weights become constants (inference deployment), so
     transposes and folds of weights happen once, at compile time. ``dynamic_shapes``: what
     ``torch.export.export`` takes for the one input (e.g. ``{1: Dim("seq", min=1, max=512)}``):
-    its bounds become the Relax function's shape-variable bounds."""
+    its bounds become the Relax function's shape-variable bounds. Matmuls of bf16 / fp16
+    operands give a result of that dtype, as in PyTorch (``_MATMULS``)."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
     with torch.no_grad():
         ep = torch.export.export(model.eval(), (example,), dynamic_shapes=None
                                  if dynamic_shapes is None else (dynamic_shapes,))
-    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                 custom_convert_map=dict(_MATMULS))
+
+
+# TVM 0.27's importer gives every matmul a float32 result: a bf16 model then turns float32 after
+# its first linear layer (the binary ops promote, weights included), and addmm of a bf16 bias
+# fails to type-check. These converters keep the operands' dtype for bf16 / fp16 (the float32
+# accumulation is the Relax pipeline's, ``passes.accumulate_f32``) and emit what the importer
+# does otherwise.
+
+
+def _out_dtype(a, b) -> str:
+    da, db = str(a.ty.dtype), str(b.ty.dtype)
+    return da if da == db and da in _LOW_PRECISION else "float32"
+
+
+def _matmul(node, importer):
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    if str(a.ty.dtype) != str(b.ty.dtype):  # (the importer promotes: float32 here)
+        a, b = (importer.block_builder.emit(relax.op.astype(v, "float32")) for v in (a, b))
+    return importer.block_builder.emit(relax.op.matmul(a, b, out_dtype=_out_dtype(a, b)))
+
+
+def _addmm(node, importer):
+    from tvm import relax
+
+    bias, a, b = importer.retrieve_args(node)[:3]
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    emit = importer.block_builder.emit
+    res = None
+    if alpha != 0:
+        res = emit(relax.op.matmul(a, b, out_dtype=_out_dtype(a, b)))
+        if alpha != 1:
+            res = emit(relax.op.multiply(res, relax.const(alpha, str(res.ty.dtype))))
+    if beta != 0:
+        if beta != 1:
+            bias = emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
+        res = bias if res is None else emit(relax.op.add(bias, res))
+    return res
+
+
+def _linear(node, importer):
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    return importer.block_builder.emit(relax.op.linear(x, w, bias, _out_dtype(x, w)))
+
+
+_MATMULS = {"mm.default": _matmul, "bmm.default": _matmul, "matmul.default": _matmul,
+            "addmm.default": _addmm, "linear.default": _linear}

@@ -9,6 +9,7 @@ from tvm import tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import Backend
+from tvm_roller.backends.cpu import amx
 from tvm_roller.backends.cpu.rules import RULES
 from tvm_roller.backends.cpu.rules.chain import CpuChainRule
 from tvm_roller.backends.vector_math import rewrite_vector_math, vector_math_pass
@@ -28,6 +29,7 @@ class CpuBackend(Backend):
     conv_layouts = {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"],
                     "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     traceable_chains = True
+    operand_dtypes = amx.OPERAND_DTYPES
     runner_device = "cpu"
     tuning_kind = "llvm"
 

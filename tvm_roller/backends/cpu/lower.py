@@ -74,7 +74,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         else:
             leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
 
-    ext_p, out_pad, in_pads = _pad_main(sch, fa, t)
+    ext_p, out_pad, in_pads = pad_main(sch, fa, t)
     leftovers += in_pads  # zero-padded input copies: once, parallel and vectorized
     main = sch.get_sblock(fa.main)
     loops = axis_loops(sch, main)
@@ -114,7 +114,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     sch.reverse_compute_at(wb, s2[-1] if reg_acc else task, preserve_unit_loops=True)
     if out_pad:
         sch.reverse_compute_inline(sch.get_sblock(out_pad))
-    leftovers += _fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
+    leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     wb_loops = sch.get_loops(wb)
     vectorize_inner(sch, wb_loops[-1], lanes)
 
@@ -164,7 +164,7 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     return sch
 
 
-def _fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> List[str]:
+def fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> List[str]:
     """Fold the elementwise epilogue into the accumulator's write-back; return the blocks that
     cannot be, left to stream on their own: one over a bigger iteration space than the main
     block's output (squeeze-and-excitation's broadcast multiply) and what comes after it."""
@@ -204,7 +204,7 @@ def _write_shape(sch: s_tir.Schedule, name: str) -> List[int]:
     return [int(e) for e in sch.get(sch.get_sblock(name)).writes[0].source.shape]
 
 
-def _pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
+def pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
     """Pad the main block's spatial axes up to multiples of the register tile, and a reduction
     axis up to a multiple of its L1 chunk (``pad_einsum``, zero-filled inputs) when the tile
     does not divide them, so that no split needs a predicate (a dynamic axis:

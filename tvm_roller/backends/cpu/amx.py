@@ -1,0 +1,219 @@
+"""Intel AMX tile products as a TVM tensor intrinsic: ``C[32, 32] += A[32, kc] · B[kc, 32]``.
+
+The micro-kernel keeps a 2×2 block of 16×16 accumulator tiles (fp32 for bf16 operands, int32
+for int8) in the tile registers over a reduction chunk of ``kc`` elements; each step loads two A
+tiles (16 rows × 64 bytes, any row stride) and two B tiles and issues four tile products
+(``tdpbf16ps`` / ``tdpb[su][su]d``: 16×16×32 bf16 or 16×16×64 int8 multiply-adds each).
+
+B is read in the instruction's layout: for each 16 output columns, the reduction in groups of
+``KGROUP`` (2 bf16 / 4 int8: the 4 bytes one fp32 / int32 lane accumulates per product) with
+the 16 columns side by side — ``Bp[n // 16, k // g, n % 16, k % g]``, the layout the lowering
+packs B into (``lower_amx``).
+
+The micro-kernel is LLVM IR (``pragma_import_llvm``): TVM's LLVM code generator has no AMX tile
+type, and its bfloat16 legalization would rewrite bf16 operands of an intrinsic call. The IR
+uses the fixed-register AMX intrinsics (tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B), sets the
+tile configuration on entry and asks Linux once per process for the AMX state
+(``arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)``: without it the first tile instruction faults).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+TILE_ROWS = 16  # rows of an accumulator tile (and of A and B tiles)
+TILE_BYTES = 64  # bytes of a tile row
+BLOCK = 32  # the micro-kernel's output block per axis: 2 tiles of 16
+
+
+@dataclass(frozen=True)
+class AmxKind:
+    """One AMX product: operand dtypes, accumulator dtype, instruction, LLVM feature."""
+
+    name: str
+    a_dtype: str
+    b_dtype: str
+    acc_dtype: str
+    instruction: str
+    feature: str
+
+    @property
+    def kgroup(self) -> int:
+        """Reduction elements one accumulator lane takes per product (4 bytes of operands)."""
+        return 2 if self.a_dtype == "bfloat16" else 4
+
+    @property
+    def kstep(self) -> int:
+        """Reduction elements per tile product (a 64-byte A tile row)."""
+        return TILE_BYTES // (2 if self.a_dtype == "bfloat16" else 1)
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2 if self.a_dtype == "bfloat16" else 1
+
+
+KINDS: Tuple[AmxKind, ...] = (
+    AmxKind("bf16", "bfloat16", "bfloat16", "float32", "tdpbf16ps", "amx-bf16"),
+    AmxKind("u8s8", "uint8", "int8", "int32", "tdpbusd", "amx-int8"),
+    AmxKind("s8s8", "int8", "int8", "int32", "tdpbssd", "amx-int8"),
+    AmxKind("u8u8", "uint8", "uint8", "int32", "tdpbuud", "amx-int8"),
+    AmxKind("s8u8", "int8", "uint8", "int32", "tdpbsud", "amx-int8"),
+)
+
+#: operand dtypes an AMX product takes (the analysis lets them into a tiled kernel)
+OPERAND_DTYPES = ("bfloat16", "int8", "uint8")
+
+
+def kind_for(a_dtype: str, b_dtype: str, acc_dtype: str) -> Optional[AmxKind]:
+    """The AMX product of these operand and accumulator dtypes, or None."""
+    return next((k for k in KINDS if (k.a_dtype, k.b_dtype, k.acc_dtype) ==
+                 (a_dtype, b_dtype, acc_dtype)), None)
+
+
+# -- the micro-kernel in LLVM IR --------------------------------------------------------------------
+
+
+def _config_ir() -> str:
+    """The 64-byte tile configuration: palette 1, eight tiles of 16 rows × 64 bytes."""
+    cfg = [0] * 64
+    cfg[0] = 1
+    for t in range(8):
+        cfg[16 + 2 * t] = TILE_BYTES
+        cfg[48 + t] = TILE_ROWS
+    return ", ".join(f"i8 {b}" for b in cfg)
+
+
+def kernel_symbol(kind: AmxKind) -> str:
+    return f"tvm_roller_amx_{kind.name}_2x2"
+
+
+def kernel_ir(kind: AmxKind) -> str:
+    """``void f(ptr c, i64 ldc, ptr a, i64 lda, ptr b, i64 ldb, i64 steps)`` (strides in bytes;
+    ``ldb``: from one 16-column panel of B to the next): C's 2×2 tiles += ``steps`` products."""
+    ins = f"@llvm.x86.{kind.instruction}"
+    lines = [
+        f"@tvm_roller_amx_cfg = linkonce_odr constant [64 x i8] [{_config_ir()}], align 64",
+        "@tvm_roller_amx_ready = linkonce_odr global i32 0",
+        "declare i64 @syscall(i64, ...)",
+        "declare void @llvm.x86.ldtilecfg(ptr)",
+        "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+        "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+        f"declare void {ins}(i8 immarg, i8 immarg, i8 immarg)",
+        f"define linkonce_odr void @{kernel_symbol(kind)}(ptr %c, i64 %ldc, ptr %a, i64 %lda, "
+        "ptr %b, i64 %ldb, i64 %steps) {",
+        "entry:",
+        "  %ready = load i32, ptr @tvm_roller_amx_ready",
+        "  %isready = icmp ne i32 %ready, 0",
+        "  br i1 %isready, label %go, label %ask",
+        "ask:",  # SYS_arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+        "  %r = call i64 (i64, ...) @syscall(i64 158, i64 4131, i64 18)",
+        "  store i32 1, ptr @tvm_roller_amx_ready",
+        "  br label %go",
+        "go:",
+        "  call void @llvm.x86.ldtilecfg(ptr @tvm_roller_amx_cfg)",
+        "  %c16 = mul i64 %ldc, 16",
+        "  %a16 = mul i64 %lda, 16",
+    ]
+    for i in range(2):
+        for j in range(2):
+            lines += [f"  %co{i}{j}.r = mul i64 %c16, {i}",
+                      f"  %co{i}{j} = add i64 %co{i}{j}.r, {TILE_BYTES * j}",
+                      f"  %cp{i}{j} = getelementptr i8, ptr %c, i64 %co{i}{j}",
+                      f"  call void @llvm.x86.tileloadd64(i8 {2 * i + j}, ptr %cp{i}{j}, i64 %ldc)"]
+    lines += ["  br label %loop", "loop:",
+              "  %s = phi i64 [0, %go], [%s1, %loop]",
+              f"  %ao = mul i64 %s, {TILE_BYTES}",
+              f"  %bo = mul i64 %s, {TILE_BYTES * TILE_ROWS}",
+              "  %ao1 = add i64 %ao, %a16",
+              "  %bo1 = add i64 %bo, %ldb"]
+    for i, off in enumerate(("%ao", "%ao1")):
+        lines += [f"  %ap{i} = getelementptr i8, ptr %a, i64 {off}",
+                  f"  call void @llvm.x86.tileloadd64(i8 {4 + i}, ptr %ap{i}, i64 %lda)"]
+    for j, off in enumerate(("%bo", "%bo1")):
+        lines += [f"  %bp{j} = getelementptr i8, ptr %b, i64 {off}",
+                  f"  call void @llvm.x86.tileloadd64(i8 {6 + j}, ptr %bp{j}, i64 {TILE_BYTES})"]
+    for i in range(2):
+        for j in range(2):
+            lines.append(f"  call void {ins}(i8 {2 * i + j}, i8 {4 + i}, i8 {6 + j})")
+    lines += ["  %s1 = add i64 %s, 1", "  %more = icmp ult i64 %s1, %steps",
+              "  br i1 %more, label %loop, label %done", "done:"]
+    for i in range(2):
+        for j in range(2):
+            lines.append(f"  call void @llvm.x86.tilestored64(i8 {2 * i + j}, ptr %cp{i}{j}, "
+                         "i64 %ldc)")
+    lines += ["  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- the tensor intrinsic ---------------------------------------------------------------------------
+
+_REGISTERED: Dict[Tuple[str, int, str], str] = {}
+
+
+def _storage(dtype: str) -> str:
+    # bfloat16 buffers become uint16 storage in TVM's legalization; the impl's pointers are
+    # taken of uint16 views so no bfloat16 value is ever formed
+    return "uint16" if dtype == "bfloat16" else dtype
+
+
+def intrin_name(kind: AmxKind, kc: int, acc_scope: str = "local") -> str:
+    """The registered tensor intrinsic for ``kind`` over a reduction chunk of ``kc``."""
+    key = (kind.name, kc, acc_scope)
+    if key not in _REGISTERED:
+        name = f"tvm_roller_amx_{kind.name}_k{kc}_{acc_scope}"
+        s_tir.TensorIntrin.register(name, *_desc_impl(kind, kc, acc_scope), override=True)
+        _REGISTERED[key] = name
+    return _REGISTERED[key]
+
+
+def _desc_impl(kind: AmxKind, kc: int, acc_scope: str):
+    g, acc, a_dt, b_dt = kind.kgroup, kind.acc_dtype, kind.a_dtype, kind.b_dtype
+    a_st, b_st, esz, acc_sz = _storage(a_dt), _storage(b_dt), kind.elem_bytes, 4
+    steps, sym = kc // kind.kstep, kernel_symbol(kind)
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        sa = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (BLOCK, kc), a_dt, strides=[sa, 1], offset_factor=1)
+        B = T.match_buffer(b, (2, kc // g, 16, g), b_dt, strides=[sb, 16 * g, g, 1],
+                           offset_factor=1)
+        C = T.match_buffer(c, (BLOCK, BLOCK), acc, strides=[sc, 1], offset_factor=1,
+                           scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:BLOCK, 0:BLOCK], A[0:BLOCK, 0:kc], B[0:2, 0:kc // g, 0:16, 0:g])
+            T.writes(C[0:BLOCK, 0:BLOCK])
+            for k, m, n in T.grid(kc, BLOCK, BLOCK):
+                with T.sblock("update"):
+                    vm, vn, vk = T.axis.remap("SSR", [m, n, k])
+                    C[vm, vn] = C[vm, vn] + T.Cast(acc, A[vm, vk]) * \
+                        T.Cast(acc, B[vn // 16, vk // g, vn % 16, vk % g])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        sa = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (BLOCK, kc), a_dt, strides=[sa, 1], offset_factor=1)
+        B = T.match_buffer(b, (2, kc // g, 16, g), b_dt, strides=[sb, 16 * g, g, 1],
+                           offset_factor=1)
+        C = T.match_buffer(c, (BLOCK, BLOCK), acc, strides=[sc, 1], offset_factor=1,
+                           scope=acc_scope)
+        with T.sblock("root"):
+            T.reads(C[0:BLOCK, 0:BLOCK], A[0:BLOCK, 0:kc], B[0:2, 0:kc // g, 0:16, 0:g])
+            T.writes(C[0:BLOCK, 0:BLOCK])
+            As = T.decl_buffer((BLOCK, kc), a_st, data=A.data, strides=[sa, 1],
+                               elem_offset=A.elem_offset)
+            Bs = T.decl_buffer((2, kc // g, 16, g), b_st, data=B.data,
+                               strides=[sb, 16 * g, g, 1], elem_offset=B.elem_offset)
+            T.evaluate(T.call_extern("void", sym, C.access_ptr("rw"),
+                                     T.Cast("int64", sc) * acc_sz,
+                                     As.access_ptr("r"), T.Cast("int64", sa) * esz,
+                                     Bs.access_ptr("r"), T.Cast("int64", sb) * esz,
+                                     T.int64(steps)))
+
+    return desc, impl

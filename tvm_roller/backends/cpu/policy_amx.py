@@ -1,0 +1,133 @@
+"""rTiles for a GEMM-like function on AMX tiles (``amx``): the register tile is the
+instruction's 32×32 output block, the reduction chunk a multiple of its 32 (bf16) / 64 (int8)
+elements, and the per-task tile is grown from it by the micro-model (traffic per task at the
+tile rate, wave quantization over the cores) — ROLLER's construction with the instruction's
+tile as the aligned unit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.backends.cpu.amx import BLOCK, AmxKind, kind_for
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware.model import DeviceModel
+
+MAX_CHUNK = 512  # reduction elements per micro-kernel call: C's tiles are loaded/stored per call
+# one core's sustained rate of the 2×2 micro-kernel over L1/L2-resident operands (GFLOP/s and
+# GOP/s), measured on the Xeon (Emerald Rapids) this was written on: 1024³ bf16 at ~480 GF/s
+# on two cores with 512-element chunks; int8 twice that
+_TILE_GOPS = {"bf16": 300.0, "int8": 600.0}
+
+
+@dataclass(frozen=True)
+class GemmRoles:
+    """Which block axes and operands of the main block play a GEMM's parts."""
+
+    m: int  # output rows: A's, not B's
+    n: int  # output columns, the vector axis: B's, not A's
+    k: int  # the one reduction axis
+    a: str  # the operand read along (m, k), k contiguous
+    b: str  # the operand read along (k, n)
+    kind: AmxKind
+
+
+def gemm_roles(fa: FuncAnalysis) -> GemmRoles:
+    """The GEMM parts of ``fa`` (UnsupportedError, with the reason, when it has none an AMX
+    tile product can take)."""
+    if len(fa.reduction) != 1:
+        raise UnsupportedError(f"an AMX tile product reduces over one axis; {fa.main} reduces "
+                               f"over {len(fa.reduction)}")
+    if fa.dynamic_axes:
+        raise UnsupportedError("AMX kernels for symbolic extents are not built")
+    k, n = fa.reduction[0], fa.vector_axis
+    if n is None or len(fa.reads) != 2:
+        raise UnsupportedError("an AMX tile product needs two operands and an output axis "
+                               "contiguous in the output and one operand")
+    a_acc, b_acc = sorted(fa.reads, key=lambda r: n in r.axes_used())
+    rows = [i for i in a_acc.axes_used() if i not in b_acc.axes_used() and i != k]
+    if n in a_acc.axes_used() or len(rows) != 1 or k not in b_acc.axes_used():
+        raise UnsupportedError("the operands do not read as A[.., m, k] and B[.., k, n]")
+    m = rows[0]
+    if a_acc.innermost_axis() != k or _dim_axes(a_acc, -2) != [m]:
+        raise UnsupportedError(f"operand {a_acc.buffer} is not read as rows of contiguous "
+                               "reduction elements (an AMX A tile)")
+    acc = fa.writes[0].dtype  # the main block's accumulator (the output may be an epilogue's)
+    kind = kind_for(a_acc.dtype, b_acc.dtype, acc)
+    if kind is None:
+        raise UnsupportedError(f"no AMX product takes {a_acc.dtype} × {b_acc.dtype} → {acc} "
+                               "(bf16 → float32, int8 / uint8 → int32)")
+    return GemmRoles(m, n, k, a_acc.buffer, b_acc.buffer, kind)
+
+
+def _dim_axes(acc, dim: int) -> Optional[List[int]]:
+    if len(acc.dims) < -dim or acc.dims[dim].coeffs is None:
+        return None
+    return [i for i, c in enumerate(acc.dims[dim].coeffs) if c]
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def reduction_chunk(extent: int, kind: AmxKind) -> int:
+    """Equal chunks of at most MAX_CHUNK elements, each a multiple of the product's step."""
+    padded = _ceil_to(extent, kind.kstep)
+    chunks = -(-padded // MAX_CHUNK)
+    return _ceil_to(-(-padded // chunks), kind.kstep)
+
+
+def construct_amx(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, topk: int) -> List[RTile]:
+    """The best ``topk`` rTiles by the model, best first."""
+    kind = roles.kind
+    ext = [a.extent for a in fa.axes]
+    reg = [BLOCK if i in (roles.m, roles.n) else 1 for i in range(len(ext))]
+    reg = [r if a.kind == "S" else 1 for r, a in zip(reg, fa.axes)]
+    kc = reduction_chunk(ext[roles.k], kind)
+    padded = [_ceil_to(e, r) for e, r in zip(ext, reg)]
+    padded[roles.k] = _ceil_to(ext[roles.k], kc)
+    l1 = list(reg)
+    l1[roles.k] = kc
+    rate = _TILE_GOPS["bf16" if kind.name == "bf16" else "int8"] * 1e9
+    l2_bw = dev.levels[1].bandwidth_gbs * 1e9 / max(1, dev.num_units)
+    cands = []
+    for mt in _multiples(padded[roles.m]):
+        for nt in _multiples(padded[roles.n]):
+            l2 = list(reg)
+            l2[roles.m], l2[roles.n], l2[roles.k] = mt, nt, kc
+            tasks = _tasks(fa, padded, l2)
+            waves = -(-tasks // dev.num_units)
+            flops = 2.0 * mt * nt * padded[roles.k]
+            # each register tile streams its A rows and B panel once per task tile
+            traffic = kind.elem_bytes * padded[roles.k] * (mt * (nt // BLOCK) + nt * (mt // BLOCK))
+            per_task = max(flops / rate, traffic / l2_bw)
+            cands.append((waves * per_task, -mt * nt, l2))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    tiles = []
+    for pred, _, l2 in cands[:topk]:
+        t = RTile(kind="tiled", axes=[a.name for a in fa.axes], extents=ext,
+                  axis_kinds="".join(a.kind for a in fa.axes), reg=reg, l1=l1, l2=l2,
+                  vector_axis=fa.vector_axis, vector_lanes=16, acc_level="reg",
+                  num_tasks=_tasks(fa, padded, l2),
+                  tensor_core=f"amx_{kind.name}_32x32x{kc}", predicted_s=pred,
+                  bound="compute", notes=[f"AMX {kind.instruction}: 2×2 tiles of 16×16, "
+                                          f"reduction chunk {kc}"])
+        tiles.append(t)
+    return tiles
+
+
+def _tasks(fa: FuncAnalysis, padded: List[int], l2: List[int]) -> int:
+    return math.prod(p // t for p, t, a in zip(padded, l2, fa.axes) if a.kind == "S")
+
+
+def _multiples(extent: int) -> List[int]:
+    """Task tile sizes along a padded axis: BLOCK × powers of two, and the whole axis."""
+    out, t = [], BLOCK
+    while t < extent:
+        if extent % t == 0:
+            out.append(t)
+        t *= 2
+    return out + [extent]
