@@ -2,13 +2,16 @@
 
 The micro-kernel keeps a 2×2 block of 16×16 accumulator tiles (fp32 for bf16 operands, int32
 for int8) in the tile registers over a reduction chunk of ``kc`` elements; each step loads two A
-tiles (16 rows × 64 bytes, any row stride) and two B tiles and issues four tile products
-(``tdpbf16ps`` / ``tdpb[su][su]d``: 16×16×32 bf16 or 16×16×64 int8 multiply-adds each).
+tiles and two B tiles (16 rows × 64 bytes each) and issues four tile products (``tdpbf16ps`` /
+``tdpb[su][su]d``: 16×16×32 bf16 or 16×16×64 int8 multiply-adds each).
 
-B is read in the instruction's layout: for each 16 output columns, the reduction in groups of
-``KGROUP`` (2 bf16 / 4 int8: the 4 bytes one fp32 / int32 lane accumulates per product) with
-the 16 columns side by side — ``Bp[n // 16, k // g, n % 16, k % g]``, the layout the lowering
-packs B into (``lower_amx``).
+Both operands are read as contiguous 1 KiB tiles, in the layouts the lowering packs them into
+(``lower_amx``): A as ``Ap[m // 16, k // s, m % 16, k % s]`` (``s``: the reduction elements of
+a 64-byte row), B in the instruction's pairs / quads — for each 16 output columns, the
+reduction in groups of ``g`` (2 bf16 / 4 int8: the 4 bytes one fp32 / int32 lane accumulates
+per product) with the 16 columns side by side, ``Bp[n // 16, k // g, n % 16, k % g]``. (Rows
+of a row-major A 2 KiB apart fall into two L1 sets: 32 rows of a step then evict each other;
+packed A measured 2× on 1024³.)
 
 The micro-kernel is LLVM IR (``pragma_import_llvm``): TVM's LLVM code generator has no AMX tile
 type, and its bfloat16 legalization would rewrite bf16 operands of an intrinsic call. The IR
@@ -92,7 +95,8 @@ def kernel_symbol(kind: AmxKind) -> str:
 
 def kernel_ir(kind: AmxKind) -> str:
     """``void f(ptr c, i64 ldc, ptr a, i64 lda, ptr b, i64 ldb, i64 steps)`` (strides in bytes;
-    ``ldb``: from one 16-column panel of B to the next): C's 2×2 tiles += ``steps`` products."""
+    ``lda`` / ``ldb``: from one 16-row panel of A / 16-column panel of B to the next; a step
+    moves 1 KiB along both): C's 2×2 tiles += ``steps`` products."""
     ins = f"@llvm.x86.{kind.instruction}"
     lines = [
         f"@tvm_roller_amx_cfg = linkonce_odr constant [64 x i8] [{_config_ir()}], align 64",
@@ -115,7 +119,6 @@ def kernel_ir(kind: AmxKind) -> str:
         "go:",
         "  call void @llvm.x86.ldtilecfg(ptr @tvm_roller_amx_cfg)",
         "  %c16 = mul i64 %ldc, 16",
-        "  %a16 = mul i64 %lda, 16",
     ]
     for i in range(2):
         for j in range(2):
@@ -125,13 +128,13 @@ def kernel_ir(kind: AmxKind) -> str:
                       f"  call void @llvm.x86.tileloadd64(i8 {2 * i + j}, ptr %cp{i}{j}, i64 %ldc)"]
     lines += ["  br label %loop", "loop:",
               "  %s = phi i64 [0, %go], [%s1, %loop]",
-              f"  %ao = mul i64 %s, {TILE_BYTES}",
+              f"  %ao = mul i64 %s, {TILE_BYTES * TILE_ROWS}",
               f"  %bo = mul i64 %s, {TILE_BYTES * TILE_ROWS}",
-              "  %ao1 = add i64 %ao, %a16",
+              "  %ao1 = add i64 %ao, %lda",
               "  %bo1 = add i64 %bo, %ldb"]
     for i, off in enumerate(("%ao", "%ao1")):
         lines += [f"  %ap{i} = getelementptr i8, ptr %a, i64 {off}",
-                  f"  call void @llvm.x86.tileloadd64(i8 {4 + i}, ptr %ap{i}, i64 %lda)"]
+                  f"  call void @llvm.x86.tileloadd64(i8 {4 + i}, ptr %ap{i}, i64 {TILE_BYTES})"]
     for j, off in enumerate(("%bo", "%bo1")):
         lines += [f"  %bp{j} = getelementptr i8, ptr %b, i64 {off}",
                   f"  call void @llvm.x86.tileloadd64(i8 {6 + j}, ptr %bp{j}, i64 {TILE_BYTES})"]
@@ -172,25 +175,27 @@ def intrin_name(kind: AmxKind, kc: int, acc_scope: str = "local") -> str:
 def _desc_impl(kind: AmxKind, kc: int, acc_scope: str):
     g, acc, a_dt, b_dt = kind.kgroup, kind.acc_dtype, kind.a_dtype, kind.b_dtype
     a_st, b_st, esz, acc_sz = _storage(a_dt), _storage(b_dt), kind.elem_bytes, 4
-    steps, sym = kc // kind.kstep, kernel_symbol(kind)
+    steps, sym, ks = kc // kind.kstep, kernel_symbol(kind), kind.kstep
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle):
         sa = T.int32()
         sb = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a, (BLOCK, kc), a_dt, strides=[sa, 1], offset_factor=1)
+        A = T.match_buffer(a, (2, kc // ks, 16, ks), a_dt, strides=[sa, 16 * ks, ks, 1],
+                           offset_factor=1)
         B = T.match_buffer(b, (2, kc // g, 16, g), b_dt, strides=[sb, 16 * g, g, 1],
                            offset_factor=1)
         C = T.match_buffer(c, (BLOCK, BLOCK), acc, strides=[sc, 1], offset_factor=1,
                            scope=acc_scope)
         with T.sblock("root"):
-            T.reads(C[0:BLOCK, 0:BLOCK], A[0:BLOCK, 0:kc], B[0:2, 0:kc // g, 0:16, 0:g])
+            T.reads(C[0:BLOCK, 0:BLOCK], A[0:2, 0:kc // ks, 0:16, 0:ks],
+                    B[0:2, 0:kc // g, 0:16, 0:g])
             T.writes(C[0:BLOCK, 0:BLOCK])
             for k, m, n in T.grid(kc, BLOCK, BLOCK):
                 with T.sblock("update"):
                     vm, vn, vk = T.axis.remap("SSR", [m, n, k])
-                    C[vm, vn] = C[vm, vn] + T.Cast(acc, A[vm, vk]) * \
+                    C[vm, vn] = C[vm, vn] + T.Cast(acc, A[vm // 16, vk // ks, vm % 16, vk % ks]) * \
                         T.Cast(acc, B[vn // 16, vk // g, vn % 16, vk % g])
 
     @T.prim_func(s_tir=True)
@@ -198,16 +203,18 @@ def _desc_impl(kind: AmxKind, kc: int, acc_scope: str):
         sa = T.int32()
         sb = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a, (BLOCK, kc), a_dt, strides=[sa, 1], offset_factor=1)
+        A = T.match_buffer(a, (2, kc // ks, 16, ks), a_dt, strides=[sa, 16 * ks, ks, 1],
+                           offset_factor=1)
         B = T.match_buffer(b, (2, kc // g, 16, g), b_dt, strides=[sb, 16 * g, g, 1],
                            offset_factor=1)
         C = T.match_buffer(c, (BLOCK, BLOCK), acc, strides=[sc, 1], offset_factor=1,
                            scope=acc_scope)
         with T.sblock("root"):
-            T.reads(C[0:BLOCK, 0:BLOCK], A[0:BLOCK, 0:kc], B[0:2, 0:kc // g, 0:16, 0:g])
+            T.reads(C[0:BLOCK, 0:BLOCK], A[0:2, 0:kc // ks, 0:16, 0:ks],
+                    B[0:2, 0:kc // g, 0:16, 0:g])
             T.writes(C[0:BLOCK, 0:BLOCK])
-            As = T.decl_buffer((BLOCK, kc), a_st, data=A.data, strides=[sa, 1],
-                               elem_offset=A.elem_offset)
+            As = T.decl_buffer((2, kc // ks, 16, ks), a_st, data=A.data,
+                               strides=[sa, 16 * ks, ks, 1], elem_offset=A.elem_offset)
             Bs = T.decl_buffer((2, kc // g, 16, g), b_st, data=B.data,
                                strides=[sb, 16 * g, g, 1], elem_offset=B.elem_offset)
             T.evaluate(T.call_extern("void", sym, C.access_ptr("rw"),

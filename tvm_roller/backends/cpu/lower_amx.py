@@ -5,9 +5,12 @@ The loop nest is the tiled one (``lower``): tasks (fused, parallel) · the task'
 32×32 accumulator kept per register tile and written back once with the epilogue folded in.
 The axes are padded to the register tile and the chunk (``pad_einsum``, zero-filled operands);
 B is copied into the instruction's layout ``(.., n // 16, k // g, n % 16, k % g)`` — at compile
-time when it is a constant parameter (a weight), else once per call before the tasks.
+time when it is a constant parameter (a weight), else once per call before the tasks — and A
+into 1 KiB tiles ``(.., m // 16, k // s, m % 16, k % s)``, per task (``amx``: why).
 """
 from __future__ import annotations
+
+from typing import Tuple
 
 from tvm import s_tir, tirx
 
@@ -34,8 +37,12 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
                                     [t.l2[i] // t.l1[i], t.l1[i] // t.reg[i], t.reg[i]])
         s0.append(a); s1.append(b); s2.append(c); s3.append(d)
     r0, r1 = perfect_split(sch, loops[roles.k], ext_p[roles.k], [t.l1[roles.k]])
-    m3, n3 = s3[fa.spatial.index(roles.m)], s3[fa.spatial.index(roles.n)]
+    im, i_n = fa.spatial.index(roles.m), fa.spatial.index(roles.n)
+    m3, n3 = s3[im], s3[i_n]
     unit3 = [l for l in s3 if not (l.same_as(m3) or l.same_as(n3))]
+    # a task's column panels outside its row tiles: a B panel is reused by every row tile from
+    # L1/L2 while the task's packed rows stay in L2 (rows outside: all of B per row tile)
+    s1 = [l for i, l in enumerate(s1) if i not in (im, i_n)] + [s1[i_n], s1[im]]
     sch.reorder(*(s0 + s1 + s2 + unit3 + [r0, r1, m3, n3]))
     task = sch.fuse(*s0) if len(s0) > 1 else s0[0]
     if t.num_tasks > 1:
@@ -48,8 +55,14 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
     leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
 
-    packed = _pack_b(sch, func, main, roles)
-    leftovers = [n for n in leftovers + in_pads if n != packed]
+    kind = roles.kind
+    b_pack, _ = _pack(sch, func, main, roles.b, roles.k, roles.n, kind.kgroup)
+    a_pack, a_const = _pack(sch, func, main, roles.a, roles.k, roles.m, kind.kstep)
+    if not a_const:  # the task's rows, once per task (cache-resident for its columns)
+        sch.compute_at(a_pack, task, preserve_unit_loops=True)
+        vectorize_inner(sch, sch.get_loops(a_pack)[-1], t.vector_lanes)
+    packed = {sch.get(b).name_hint for b in (a_pack, b_pack)}
+    leftovers = [n for n in leftovers + in_pads if n not in packed]
     init = sch.decompose_reduction(main, r0)
     vectorize_inner(sch, sch.get_loops(init)[-1], t.vector_lanes)
     intrin = amx.intrin_name(roles.kind, t.l1[roles.k])
@@ -64,41 +77,42 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
     return sch
 
 
-def _pack_b(sch: s_tir.Schedule, func: tirx.PrimFunc, main, roles: GemmRoles) -> str:
-    """Copy B (or its zero-padded copy, inlined into the copy) into the instruction's layout;
-    the copy's block name. Marked for compile-time folding when B is a constant parameter."""
-    g = roles.kind.kgroup
+def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, other: int,
+          group: int) -> Tuple[s_tir.SBlockRV, bool]:
+    """Copy operand ``name`` of ``main`` (or its zero-padded copy, inlined into the copy) into
+    tiles: ``(.., other // 16, k // group, other % 16, k % group)``; the copy's block and
+    whether it is a constant parameter (then marked for folding while compiling)."""
     reads = [str(r.source.name) for r in sch.get(main).reads]
-    name = roles.b if roles.b in reads else f"{roles.b}_pad"
-    region = sch.get(main).reads[reads.index(name)]
-    k_dim, n_dim = _dims_of(sch.get(main), region, roles)
-    cb = sch.cache_read(main, reads.index(name), "global")
-    if name != roles.b:  # the padding copy folds into the packing copy
-        sch.compute_inline(sch.get_sblock(name))
+    read = name if name in reads else f"{name}_pad"
+    region = sch.get(main).reads[reads.index(read)]
+    k_dim, o_dim = _dims_of(sch.get(main), region, name, k, other)
+    cb = sch.cache_read(main, reads.index(read), "global")
+    if read != name:  # the padding copy folds into the packing copy
+        sch.compute_inline(sch.get_sblock(read))
         region = sch.get(cb).reads[0]
 
     def layout(*idx):
-        rest = [x for d, x in enumerate(idx) if d not in (k_dim, n_dim)]
-        k, n = idx[k_dim], idx[n_dim]
-        return (*rest, n // 16, k // g, n % 16, k % g)
+        rest = [x for d, x in enumerate(idx) if d not in (k_dim, o_dim)]
+        kk, oo = idx[k_dim], idx[o_dim]
+        return (*rest, oo // 16, kk // group, oo % 16, kk % group)
 
     sch.transform_layout(cb, ("write", 0), layout)
-    if layout_free_param(func, region.source) is not None:
+    constant = layout_free_param(func, region.source) is not None
+    if constant:
         sch.annotate(cb, PREPROC, True)
-    return sch.get(cb).name_hint
+    return cb, constant
 
 
-def _dims_of(blk, region, roles: GemmRoles):
-    """The buffer dimensions of B indexed by the reduction and the column axis."""
+def _dims_of(blk, region, name: str, k: int, other: int) -> Tuple[int, int]:
+    """The buffer dimensions of an operand indexed by the reduction and the other axis."""
     vs = [iv.var for iv in blk.iter_vars]
-    k_var, n_var = vs[roles.k], vs[roles.n]
 
-    def uses(r, v) -> bool:
-        return any(u.same_as(v) for u in tirx.analysis.undefined_vars(r.min, []))
+    def dims(v) -> list:
+        return [d for d, r in enumerate(region.region)
+                if any(u.same_as(v) for u in tirx.analysis.undefined_vars(r.min, []))]
 
-    k_dims = [d for d, r in enumerate(region.region) if uses(r, k_var)]
-    n_dims = [d for d, r in enumerate(region.region) if uses(r, n_var)]
-    if len(k_dims) != 1 or len(n_dims) != 1 or k_dims == n_dims:
-        raise UnsupportedError(f"operand {roles.b} is not indexed by one reduction and one "
-                               "column dimension")
-    return k_dims[0], n_dims[0]
+    k_dims, o_dims = dims(vs[k]), dims(vs[other])
+    if len(k_dims) != 1 or len(o_dims) != 1 or k_dims == o_dims:
+        raise UnsupportedError(f"operand {name} is not indexed by one reduction and one "
+                               "row / column dimension")
+    return k_dims[0], o_dims[0]
