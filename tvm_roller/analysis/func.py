@@ -269,16 +269,20 @@ def _classify(fa: FuncAnalysis, main_info: BlockInfo, infos: Sequence[BlockInfo]
               tiled_dtypes: Tuple[str, ...], operand_dtypes: Tuple[str, ...] = ()) -> None:
     """Set ``fa.kind``; a tiled kernel needs the tiled dtypes (or low-precision operands
     and their accumulators)."""
+    low = any(r.dtype in operand_dtypes for r in fa.reads)
     if not main_info.is_reduction:
         fa.kind = "elementwise"
     elif fa.vector_axis is not None and (fa.axes[fa.vector_axis].extent >= 4 or
                                          _reuse_tiled(fa, tiled_dtypes)):
         fa.kind = "tiled"
+    elif low and len(fa.reads) == 2 and operand_reuse(fa) >= _MIN_REUSE:
+        fa.kind = "tiled"  # low-precision operands are packed for their products whatever
+        # their layout (no vector axis needed)
     else:
         fa.kind = "reduction"
     if fa.kind == "tiled":
         allowed = tiled_dtypes
-        if any(r.dtype in operand_dtypes for r in fa.reads):
+        if low:
             allowed = tiled_dtypes + operand_dtypes + ("int32",)
         bad = [f"{b.name}: {b.dtype}" for b in buffers if str(b.dtype) not in allowed]
         if bad and not _streams_integers(main_info, infos, buffers, tiled_dtypes):

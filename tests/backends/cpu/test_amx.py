@@ -151,6 +151,31 @@ def test_bf16_elementwise_and_reduction():
     np.testing.assert_allclose(out.numpy(), ref, rtol=2e-2, atol=2e-2)
 
 
+@needs_amx
+@pytest.mark.parametrize("dt,acc", [("bfloat16", "float32"), ("int8", "int32")])
+@pytest.mark.parametrize("m,n,k", [(64, 64, 64), (37, 50, 70)])
+def test_transposed_operands(dt, acc, m, n, k):
+    """A stored [k, m] and B stored [n, k] (attention's Q·Kᵀ): packed from either layout."""
+    A = te.placeholder((k, m), dt, name="A")
+    B = te.placeholder((n, k), dt, name="B")
+    r = te.reduce_axis((0, k), name="r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[r, i].astype(acc) * B[j, r].astype(acc),
+                                                axis=r), name="C")
+    func = te.create_prim_func([A, B, C])
+    assert tvm_roller.plan(func, host_target()).rule.name == "amx"
+    lib = tvm_roller.build(func, host_target())
+    rng = np.random.default_rng(1)
+    a, a64 = _data((k, m), dt, rng)
+    b, b64 = _data((n, k), dt, rng)
+    out = _tensor(np.zeros((m, n), acc), acc)
+    lib(_tensor(a, dt), _tensor(b, dt), out)
+    ref = a64.T @ b64.T
+    if acc == "int32":
+        np.testing.assert_array_equal(out.numpy(), ref)
+    else:
+        assert np.abs(out.numpy() - ref).max() / np.abs(ref).max() <= 1e-2
+
+
 @pytest.mark.parametrize("dt,acc,feature", [("bfloat16", "float32", "amx-bf16"),
                                             ("int8", "int32", "amx-int8")])
 def test_declined_without_amx(dt, acc, feature):

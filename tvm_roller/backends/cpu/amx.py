@@ -224,3 +224,105 @@ def _desc_impl(kind: AmxKind, kc: int, acc_scope: str):
                                      T.int64(steps)))
 
     return desc, impl
+
+
+# -- B's copy into the instruction's layout, 16 columns × one group at a time --------------------
+
+
+def _lanes_type(kind: AmxKind) -> str:
+    return "i16" if kind.elem_bytes == 2 else "i8"
+
+
+def pack_symbol(kind: AmxKind, k_contiguous: bool) -> str:
+    return f"tvm_roller_amx_pack{kind.kgroup}_{_lanes_type(kind)}_{'kn'[k_contiguous]}"
+
+
+def pack_ir(kind: AmxKind, k_contiguous: bool) -> str:
+    """``void f(ptr dst, ptr src, i64 stride)``: 16 columns × ``g`` reduction elements into the
+    64-byte row of the instruction's layout (``dst[c·g + r] = B[r, c]``). ``k_contiguous``: the
+    source holds each column's ``g`` elements side by side (rows ``stride`` bytes apart: 16
+    four-byte loads); else ``g`` rows of 16 contiguous elements ``stride`` bytes apart,
+    interleaved by one shuffle."""
+    g, ty, name = kind.kgroup, _lanes_type(kind), pack_symbol(kind, k_contiguous)
+    lines = [f"define linkonce_odr void @{name}(ptr %dst, ptr %src, i64 %stride) {{", "entry:"]
+    if k_contiguous:
+        lines.append("  %v0 = insertelement <16 x i32> poison, i32 0, i32 0")
+        for c in range(16):
+            lines += [f"  %o{c} = mul i64 %stride, {c}",
+                      f"  %p{c} = getelementptr i8, ptr %src, i64 %o{c}",
+                      f"  %x{c} = load i32, ptr %p{c}, align 1",
+                      f"  %v{c + 1} = insertelement <16 x i32> %v{c}, i32 %x{c}, i32 {c}"]
+        lines += ["  store <16 x i32> %v16, ptr %dst, align 1", "  ret void", "}"]
+        return "\n".join(lines) + "\n"
+    for r in range(g):
+        lines += [f"  %o{r} = mul i64 %stride, {r}",
+                  f"  %p{r} = getelementptr i8, ptr %src, i64 %o{r}",
+                  f"  %r{r} = load <16 x {ty}>, ptr %p{r}, align 1"]
+    if g == 2:
+        lines.append(f"  %cat = shufflevector <16 x {ty}> %r0, <16 x {ty}> %r1, <32 x i32> "
+                     f"<{_mask(range(32))}>")
+    else:
+        lines += [f"  %c01 = shufflevector <16 x {ty}> %r0, <16 x {ty}> %r1, <32 x i32> "
+                  f"<{_mask(range(32))}>",
+                  f"  %c23 = shufflevector <16 x {ty}> %r2, <16 x {ty}> %r3, <32 x i32> "
+                  f"<{_mask(range(32))}>",
+                  f"  %cat = shufflevector <32 x {ty}> %c01, <32 x {ty}> %c23, <64 x i32> "
+                  f"<{_mask(range(64))}>"]
+    n = 16 * g
+    order = [(i % g) * 16 + i // g for i in range(n)]
+    lines += [f"  %out = shufflevector <{n} x {ty}> %cat, <{n} x {ty}> poison, <{n} x i32> "
+              f"<{_mask(order)}>",
+              f"  store <{n} x {ty}> %out, ptr %dst, align 1", "  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _mask(values) -> str:
+    return ", ".join(f"i32 {v}" for v in values)
+
+
+def pack_intrin_name(kind: AmxKind, k_contiguous: bool) -> str:
+    """The registered tensor intrinsic copying 16 columns × one group of B (see ``pack_ir``)."""
+    key = (f"pack_{kind.name}", int(k_contiguous), "")
+    if key not in _REGISTERED:
+        name = f"tvm_roller_amx_pack_{kind.name}_{'kn'[k_contiguous]}"
+        s_tir.TensorIntrin.register(name, *_pack_desc_impl(kind, k_contiguous), override=True)
+        _REGISTERED[key] = name
+    return _REGISTERED[key]
+
+
+def _pack_desc_impl(kind: AmxKind, k_contiguous: bool):
+    g, dt, st, esz = kind.kgroup, kind.b_dtype, _storage(kind.b_dtype), kind.elem_bytes
+    src_shape = (16, g) if k_contiguous else (g, 16)
+    sym = pack_symbol(kind, k_contiguous)
+
+    def src_index(c, r):
+        return (c, r) if k_contiguous else (r, c)
+
+    @T.prim_func(s_tir=True)
+    def desc(s: T.handle, d: T.handle):
+        ss = T.int32()
+        S = T.match_buffer(s, src_shape, dt, strides=[ss, 1], offset_factor=1)
+        D = T.match_buffer(d, (16, g), dt, offset_factor=1)
+        with T.sblock("root"):
+            T.reads(S[0:src_shape[0], 0:src_shape[1]])
+            T.writes(D[0:16, 0:g])
+            for c, r in T.grid(16, g):
+                with T.sblock("copy"):
+                    vc, vr = T.axis.remap("SS", [c, r])
+                    D[vc, vr] = S[src_index(vc, vr)]
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle):
+        ss = T.int32()
+        S = T.match_buffer(s, src_shape, dt, strides=[ss, 1], offset_factor=1)
+        D = T.match_buffer(d, (16, g), dt, offset_factor=1)
+        with T.sblock("root"):
+            T.reads(S[0:src_shape[0], 0:src_shape[1]])
+            T.writes(D[0:16, 0:g])
+            Ss = T.decl_buffer(src_shape, st, data=S.data, strides=[ss, 1],
+                               elem_offset=S.elem_offset)
+            Ds = T.decl_buffer((16, g), st, data=D.data, elem_offset=D.elem_offset)
+            T.evaluate(T.call_extern("void", sym, Ds.access_ptr("w"), Ss.access_ptr("r"),
+                                     T.Cast("int64", ss) * esz))
+
+    return desc, impl

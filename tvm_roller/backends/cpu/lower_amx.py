@@ -56,12 +56,16 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
     vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
 
     kind = roles.kind
-    b_pack, _ = _pack(sch, func, main, roles.b, roles.k, roles.n, kind.kgroup)
-    a_pack, a_const = _pack(sch, func, main, roles.a, roles.k, roles.m, kind.kstep)
+    b_pack, b_const, k_dim, n_dim = _pack(sch, func, main, roles.b, roles.k, roles.n,
+                                          kind.kgroup)
+    packed = {sch.get(b_pack).name_hint}
+    if not b_const:
+        _copy_tiles(sch, b_pack, kind, k_dim, n_dim, t.num_tasks)
+    a_pack, a_const, _, _ = _pack(sch, func, main, roles.a, roles.k, roles.m, kind.kstep)
+    packed.add(sch.get(a_pack).name_hint)
     if not a_const:  # the task's rows, once per task (cache-resident for its columns)
         sch.compute_at(a_pack, task, preserve_unit_loops=True)
         vectorize_inner(sch, sch.get_loops(a_pack)[-1], t.vector_lanes)
-    packed = {sch.get(b).name_hint for b in (a_pack, b_pack)}
     leftovers = [n for n in leftovers + in_pads if n not in packed]
     init = sch.decompose_reduction(main, r0)
     vectorize_inner(sch, sch.get_loops(init)[-1], t.vector_lanes)
@@ -78,7 +82,7 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
 
 
 def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, other: int,
-          group: int) -> Tuple[s_tir.SBlockRV, bool]:
+          group: int) -> Tuple[s_tir.SBlockRV, bool, int, int]:
     """Copy operand ``name`` of ``main`` (or its zero-padded copy, inlined into the copy) into
     tiles: ``(.., other // 16, k // group, other % 16, k % group)``; the copy's block and
     whether it is a constant parameter (then marked for folding while compiling)."""
@@ -100,7 +104,25 @@ def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, oth
     constant = layout_free_param(func, region.source) is not None
     if constant:
         sch.annotate(cb, PREPROC, True)
-    return cb, constant
+    return cb, constant, k_dim, o_dim
+
+
+def _copy_tiles(sch: s_tir.Schedule, cb, kind: amx.AmxKind, k_dim: int, o_dim: int,
+                cores: int) -> None:
+    """B's copy (made in every call) as 64-byte rows of the instruction's layout, one shuffle
+    each (``amx.pack_ir``; a zero-padded copy keeps its element loop), parallel."""
+    loops = sch.get_loops(cb)
+    rest = [l for d, l in enumerate(loops) if d not in (k_dim, o_dim)]
+    ko, ki = sch.split(loops[k_dim], [None, kind.kgroup])
+    oo, oi = sch.split(loops[o_dim], [None, 16])
+    sch.reorder(*rest, oo, ko, oi, ki)
+    k_contiguous = k_dim > o_dim
+    tiled = attempt(sch.tensorize, oi, amx.pack_intrin_name(kind, k_contiguous))
+    outer = sch.fuse(*rest, oo) if rest else oo
+    if tiled:
+        sch.annotate(outer, "pragma_import_llvm", amx.pack_ir(kind, k_contiguous))
+    if cores > 1:
+        sch.parallel(outer)
 
 
 def _dims_of(blk, region, name: str, k: int, other: int) -> Tuple[int, int]:

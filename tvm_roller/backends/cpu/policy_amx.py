@@ -43,10 +43,10 @@ def gemm_roles(fa: FuncAnalysis) -> GemmRoles:
                                f"over {len(fa.reduction)}")
     if fa.dynamic_axes:
         raise UnsupportedError("AMX kernels for symbolic extents are not built")
-    k, n = fa.reduction[0], fa.vector_axis
-    if n is None or len(fa.reads) != 2:
-        raise UnsupportedError("an AMX tile product needs two operands and an output axis "
-                               "contiguous in the output and one operand")
+    k, n = fa.reduction[0], fa.writes[0].innermost_axis()
+    if n is None or fa.axes[n].kind != "S" or len(fa.reads) != 2:
+        raise UnsupportedError("an AMX tile product needs two operands and an output whose "
+                               "last dimension is one spatial axis")
     a_acc, b_acc = sorted(fa.reads, key=lambda r: n in r.axes_used())
     rows = [i for i in a_acc.axes_used() if i not in b_acc.axes_used() and i != k]
     if n in a_acc.axes_used() or len(rows) != 1 or k not in b_acc.axes_used():
