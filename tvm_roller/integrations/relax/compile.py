@@ -9,7 +9,9 @@ import tvm
 from tvm_roller.cache.modules import ModuleCache
 from tvm_roller.core.errors import first_lines
 from tvm_roller.hardware import DeviceModel
-from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for
+from tvm_roller.integrations.relax.passes.quantize_dynamic import has_int8_tiles, \
+    quantize_gemms
+from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for, weight_entries
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
 from tvm_roller.integrations.relax.pipeline import get_pipeline
 from tvm_roller.planner import Context, FuncReport, summarise
@@ -39,8 +41,16 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     machine, the fastest kept in the schedule cache (a later compile reads it back).
     ``weights``: "fp32", or "int8" / "int4" — the constant weights of linear layers quantized
     in groups of 32 and multiplied in integer dot products (``passes.quantize_weights``; a
-    weight the format cannot take stays float32, and ``report`` says why)."""
+    weight the format cannot take stays float32, and ``report`` says why). With "int8" on a
+    CPU with AMX-INT8, linear layers of many static rows (GEMMs) are quantized per output
+    channel with per-row activation scales instead, for AMX's int8 tile products
+    (``passes.quantize_dynamic``)."""
     ctx = Context.make(target, device, schedule_cache(cache))
+    if weights == "int8" and has_int8_tiles(ctx.target):
+        decisions: list = []
+        mod = quantize_gemms(mod, decisions)
+        if report is not None:
+            report.extend(weight_entries(decisions))
     if weights != "fp32":
         mod = quantize_for(mod, ctx.target, weights, report)
     options = {"fast_math": fast_math, "fuse_chains": fuse_chains,

@@ -69,7 +69,7 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
     bindings = [b for block in func.body.blocks for b in block.bindings]
     for b in bindings:
         v = b.value
-        if _is_transpose(v) and isinstance(v.args[0], relax.Var):
+        if is_transpose(v) and isinstance(v.args[0], relax.Var):
             transposes[b.var] = v.args[0]
     for b in bindings:
         v = b.value
@@ -79,7 +79,7 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
         for i, arg in enumerate(v.args if isinstance(v, relax.Call) else ()):
             if not isinstance(arg, relax.Var):
                 continue
-            if arg in transposes and name == "relax.matmul" and i == 1 and _float_rows(v):
+            if arg in transposes and name == "relax.matmul" and i == 1 and float_rows(v):
                 uses.setdefault(transposes[arg], set()).add(_LINEAR)
             elif name == "relax.take" and i == 0 and int(v.attrs.axis or 0) == 0:
                 uses.setdefault(arg, set()).add(_GATHER)
@@ -93,7 +93,7 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
     return uses
 
 
-def _is_transpose(expr) -> bool:
+def is_transpose(expr) -> bool:
     """``permute_dims`` of a matrix that swaps its axes."""
     if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") ==
             "relax.permute_dims") or len(expr.args[0].ty.shape or ()) != 2:
@@ -102,7 +102,7 @@ def _is_transpose(expr) -> bool:
     return axes is None or [int(a) for a in axes] == [1, 0]
 
 
-def _float_rows(matmul: relax.Call) -> bool:
+def float_rows(matmul: relax.Call) -> bool:
     """A matmul whose first operand the kernels take: float32 rows (``[..., k]``)."""
     x = matmul.args[0]
     return str(x.ty.dtype) == "float32" and len(x.ty.shape or ()) >= 1 and \
@@ -249,14 +249,14 @@ def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax
 
     def on_linear(expr, matches):
         found = lookup(matches[w])
-        if found is None or found.transposed or not _is_transpose(matches[transpose]) \
-                or not _float_rows(expr):
+        if found is None or found.transposed or not is_transpose(matches[transpose]) \
+                or not float_rows(expr):
             return expr
         return _linear(matches[x], found, kernels)
 
     def on_plain(expr, matches):
         found = lookup(matches[w])
-        if found is None or not found.transposed or not _float_rows(expr):
+        if found is None or not found.transposed or not float_rows(expr):
             return expr
         return _linear(matches[x], found, kernels)
 
@@ -301,11 +301,11 @@ def _constant_weights(func: relax.Function, fmt: QuantFormat,
 
     def visit(expr):
         if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") ==
-                "relax.matmul") or not _float_rows(expr):
+                "relax.matmul") or not float_rows(expr):
             return
         b = value(expr.args[1])
         transposed = isinstance(b, Constant)
-        if not transposed and _is_transpose(b):
+        if not transposed and is_transpose(b):
             b = value(b.args[0])
         if not isinstance(b, Constant) or len(b.ty.shape) != 2 or b in seen:
             return
