@@ -10,7 +10,7 @@ def import_torch(model, example, dynamic_shapes=None):
     transposes and folds of weights happen once, at compile time. ``dynamic_shapes``: what
     ``torch.export.export`` takes for the one input (e.g. ``{1: Dim("seq", min=1, max=512)}``):
     its bounds become the Relax function's shape-variable bounds. Matmuls of bf16 / fp16
-    operands give a result of that dtype, as in PyTorch (``_MATMULS``)."""
+    operands (and convolutions) give a result of that dtype, as in PyTorch (``_MATMULS``)."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -21,9 +21,9 @@ def import_torch(model, example, dynamic_shapes=None):
                                  custom_convert_map=dict(_MATMULS))
 
 
-# TVM 0.27's importer gives every matmul a float32 result: a bf16 model then turns float32 after
-# its first linear layer (the binary ops promote, weights included), and addmm of a bf16 bias
-# fails to type-check. These converters keep the operands' dtype for bf16 / fp16 (the float32
+# TVM 0.27's importer gives every matmul and convolution a float32 result: a bf16 model then
+# turns float32 after its first linear layer (the binary ops promote, weights included), and
+# addmm of a bf16 bias (batch_norm after a bf16 convolution) fails to type-check. These converters keep the operands' dtype for bf16 / fp16 (the float32
 # accumulation is the Relax pipeline's, ``passes.accumulate_f32``) and emit what the importer
 # does otherwise.
 
@@ -69,5 +69,37 @@ def _linear(node, importer):
     return importer.block_builder.emit(relax.op.linear(x, w, bias, _out_dtype(x, w)))
 
 
+def _conv(name: str):
+    """A convolution of bf16 / fp16 operands with its result in their dtype; any other (float32,
+    transposed) as the importer converts it."""
+    def convert(node, importer):
+        from tvm import relax
+
+        args = list(importer.retrieve_args(node)) + [None] * 9
+
+        def arg(i, default):
+            return default if args[i] is None else args[i]
+
+        x, w, bias = args[0], args[1], args[2]
+        dims = len(x.ty.shape) - 2
+        transposed = bool(arg(6, False)) if name == "convolution.default" else False
+        if _out_dtype(x, w) == "float32" or transposed or dims not in (1, 2):
+            return importer.create_convert_map()[name](node)
+        groups = arg(8, 1) if name == "convolution.default" else arg(6, 1)
+        make = relax.op.nn.conv1d if dims == 1 else relax.op.nn.conv2d
+        layouts = ("NCW", "OIW") if dims == 1 else ("NCHW", "OIHW")
+        y = importer.block_builder.emit(make(
+            x, w, strides=arg(3, 1), padding=arg(4, 0), dilation=arg(5, 1),
+            groups=groups, data_layout=layouts[0], kernel_layout=layouts[1],
+            out_dtype=_out_dtype(x, w)))
+        if bias is None:
+            return y
+        bias = relax.op.reshape(bias, (1, -1) + (1,) * dims)
+        return importer.block_builder.emit(relax.op.add(y, bias))
+    return convert
+
+
 _MATMULS = {"mm.default": _matmul, "bmm.default": _matmul, "matmul.default": _matmul,
-            "addmm.default": _addmm, "linear.default": _linear}
+            "addmm.default": _addmm, "linear.default": _linear,
+            **{name: _conv(name) for name in ("conv1d.default", "conv2d.default",
+                                              "convolution.default")}}

@@ -22,6 +22,7 @@ from tvm import relax
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.integrations.relax.passes import fast_math as fm
 from tvm_roller.integrations.relax.passes.accumulate_f32 import accumulate_f32_pass
+from tvm_roller.integrations.relax.passes.conv_gemm import conv_gemm_pass
 from tvm_roller.integrations.relax.passes.conv_layout import conv_layout_pass
 from tvm_roller.integrations.relax.passes.group_chains import group_chains_pass
 from tvm_roller.integrations.relax.passes.inference import inference_pass
@@ -52,7 +53,7 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
         if gemm_chains else []
     return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
                                      sink_reshape_pass(),
-                                     conv_layout_pass(conv_layouts),
+                                     conv_layout_pass(conv_layouts), conv_gemm_pass(),
                                      accumulate_f32_pass()] + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         bound_shapes_pass(),

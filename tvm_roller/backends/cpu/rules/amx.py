@@ -19,7 +19,9 @@ class AmxRule(TiledOpRule):
     name = "amx"
 
     def matches(self, fa: FuncAnalysis) -> bool:
-        return fa.kind == "tiled" and any(r.dtype in amx.OPERAND_DTYPES for r in fa.reads)
+        # a product of two low-precision operands (a bf16 max-pool is a tiled reduction too)
+        return fa.kind == "tiled" and len(fa.reads) == 2 and \
+            all(r.dtype in amx.OPERAND_DTYPES for r in fa.reads)
 
     def construct(self, fa: FuncAnalysis, dev: DeviceModel, topk: int) -> List[RTile]:
         roles = policy_amx.gemm_roles(fa)
