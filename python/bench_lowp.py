@@ -127,15 +127,19 @@ def bench_model(name: str, rounds: int, samples: int, inductor: bool) -> dict:
         row["compile_s"][label] = time.perf_counter() - t0
         row["declined"][label] = [f"{e['name']}: {e['reason']}" for e in report if e["fallback"]]
         vm = relax.VirtualMachine(ex, tvm.cpu())
-        return lambda v: _to_torch(vm["main"](tvm.runtime.tensor(v.numpy())))
+        return lambda v: _to_torch(vm["main"](_tvm(v, str(v.dtype).replace("torch.", ""))))
+
+    def low(v):  # a bf16 model takes bf16 pixels (token ids stay integers)
+        return v.to(torch.bfloat16) if v.is_floating_point() else v
 
     ctx["roller fp32"] = compile_("roller fp32", import_torch(model, x))
-    ctx["roller bf16"] = compile_("roller bf16", import_torch(bf, x))
+    roller_bf16 = compile_("roller bf16", import_torch(bf, low(x)))
+    ctx["roller bf16"] = lambda v: roller_bf16(low(v))
     ctx["roller int8"] = compile_("roller int8", import_torch(model, x), weights="int8")
-    ctx["torch bf16 eager"] = lambda v: _no_grad(bf, v)
+    ctx["torch bf16 eager"] = lambda v: _no_grad(bf, low(v))
     if inductor:
         compiled = torch.compile(bf)
-        ctx["torch bf16 inductor"] = lambda v: _no_grad(compiled, v)
+        ctx["torch bf16 inductor"] = lambda v: _no_grad(compiled, low(v))
     dyn = torch.ao.quantization.quantize_dynamic(_copy(model), {torch.nn.Linear}, torch.qint8)
     ctx["torch int8 dynamic"] = lambda v: _no_grad(dyn, v)
     ort = _ort_int8(model, x)

@@ -78,3 +78,27 @@ def test_bert_int8_close_to_float32():
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     got = torch.from_numpy(out.numpy()).double().flatten()
     assert float(torch.dot(got, ref) / (got.norm() * ref.norm())) >= 0.99
+
+
+@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (1, 2, 0), (5, 2, 2)])
+def test_conv_equals_quantized_product(k, stride, pad):
+    """A float32 convolution quantized (per-tensor activations, per-channel weights) runs as
+    an int8 im2col GEMM on AMX; odd sizes (9 → 15 channels, 11 × 13 image)."""
+    torch = pytest.importorskip("torch")
+    from tvm_roller.integrations.pytorch import import_torch
+
+    conv = torch.nn.Conv2d(9, 15, k, stride, pad, bias=True).eval()
+    x = torch.randn(1, 9, 11, 13, generator=torch.Generator().manual_seed(k))
+    report: list = []
+    ex = tvm_roller.relax.compile(import_torch(conv, x), host_target(), report, weights="int8")
+    amx = [e for e in report if (e.get("rtile") or {}).get("tensor_core", "").startswith("amx")]
+    assert amx and all(not e["fallback"] for e in report), report
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    w = conv.weight.detach().double()
+    sw = w.abs().amax(dim=(1, 2, 3)) / 127.0
+    wq = torch.clamp(torch.round(w / sw[:, None, None, None]), -127, 127)
+    sx = x.abs().max().double() / 127.0
+    xq = torch.clamp(torch.round(x.double() / sx), -127, 127)
+    ref = torch.nn.functional.conv2d(xq, wq, None, stride, pad) * sx * sw[None, :, None, None] \
+        + conv.bias.detach().double()[None, :, None, None]
+    assert float((torch.from_numpy(out).double() - ref).abs().max() / ref.abs().max()) <= 2e-3

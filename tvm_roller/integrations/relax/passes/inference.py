@@ -48,6 +48,11 @@ def _batch_norm_as_scale_shift(func: relax.Function) -> relax.Function:
         shape = [1] * ndim
         shape[axis] = -1
         dtype = str(data.ty.dtype)
+        if dtype in ("bfloat16", "float16"):  # in float32, rounded once (as batch_norm does)
+            s = relax.const(scale.reshape(shape).astype("float32"))
+            t = relax.const(shift.reshape(shape).astype("float32"))
+            wide = relax.op.add(relax.op.multiply(relax.op.astype(data, "float32"), s), t)
+            return relax.op.astype(wide, dtype)
         s = relax.const(scale.reshape(shape).astype(dtype))
         t = relax.const(shift.reshape(shape).astype(dtype))
         return relax.op.add(relax.op.multiply(data, s), t)

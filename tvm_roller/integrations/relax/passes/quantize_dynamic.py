@@ -13,6 +13,11 @@ zero points would cost a correction GEMV per layer). These are plain Relax ops: 
 fuses the scaling into the GEMM's write-back and the quantization of ``x`` into one kernel.
 Per-row activation scales are finer than ONNX Runtime's per-tensor dynamic quantization.
 
+A convolution (NCHW, one group, a constant weight) is quantized the same way with one scale
+for the whole activation tensor (its rows are pixels): ``float32(conv2d(x_q, w_q, int32)) · s_x
+· s_w[channel]``; the pipeline then turns the int8 convolution into an im2col GEMM
+(``conv_gemm``) on the same tile products.
+
 Layers with few or symbolic rows (memory-bound: decode, GEMV) are left to the group-quantized
 integer kernels (``quantize_weights``), which read fewer bytes per weight.
 """
@@ -55,13 +60,44 @@ def _quantize_weight(w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return codes, scale.astype(np.float32)
 
 
-def _dynamic_linear(x: relax.Expr, codes: Constant, scale: Constant) -> relax.Expr:
-    amax = relax.op.max(relax.op.abs(x), axis=-1, keepdims=True)
+def _quantize_activation(x: relax.Expr, axis) -> Tuple[relax.Expr, relax.Expr]:
+    """(int8 codes, float32 scale) of ``x``, one scale per slice reduced over ``axis``."""
+    amax = relax.op.max(relax.op.abs(x), axis=axis, keepdims=True)
     sx = relax.op.maximum(relax.op.divide(amax, relax.const(127.0, "float32")),
                           relax.const(1e-30, "float32"))
     xq = relax.op.astype(relax.op.clip(relax.op.round(relax.op.divide(x, sx)), -127, 127), "int8")
-    acc = relax.op.matmul(xq, codes, out_dtype="int32")
-    return relax.op.multiply(relax.op.multiply(relax.op.astype(acc, "float32"), sx), scale)
+    return xq, sx
+
+
+def _dequantize(acc: relax.Expr, sx: relax.Expr, sw: Constant) -> relax.Expr:
+    return relax.op.multiply(relax.op.multiply(relax.op.astype(acc, "float32"), sx), sw)
+
+
+def _dynamic_linear(x: relax.Expr, codes: Constant, scale: Constant) -> relax.Expr:
+    xq, sx = _quantize_activation(x, -1)
+    return _dequantize(relax.op.matmul(xq, codes, out_dtype="int32"), sx, scale)
+
+
+def _dynamic_conv(call: relax.Call, codes: Constant, scale: Constant) -> relax.Expr:
+    a = call.attrs
+    xq, sx = _quantize_activation(call.args[0], None)
+    acc = relax.op.nn.conv2d(xq, codes, strides=a.strides, padding=a.padding,
+                             dilation=a.dilation, groups=a.groups, data_layout="NCHW",
+                             kernel_layout="OIHW", out_dtype="int32")
+    return _dequantize(acc, sx, scale)
+
+
+def _quantizable_conv(call: relax.Call) -> bool:
+    a, x, w = call.attrs, call.args[0], call.args[1]
+    out = getattr(call.ty, "shape", None)
+    dims = list(out) if out is not None else []
+    rows = None
+    if len(dims) == 4 and all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        rows = int(dims[0]) * int(dims[2]) * int(dims[3])  # N·H·W: the GEMM's rows
+    return isinstance(w, Constant) and str(x.ty.dtype) == "float32" and \
+        str(w.ty.dtype) == "float32" and int(a.groups) == 1 and a.data_layout == "NCHW" and \
+        a.kernel_layout == "OIHW" and (a.out_layout or "NCHW") == "NCHW" and \
+        rows is not None and rows >= MIN_ROWS
 
 
 def quantize_gemms(mod: tvm.IRModule, decisions: Optional[List[QuantDecision]] = None
@@ -104,5 +140,23 @@ def _rewrite(func: relax.Function, decisions: Optional[List[QuantDecision]]) -> 
             return expr
         return layer(expr, matches, lambda a: a.T)
 
+    conv = is_op("relax.nn.conv2d")(x, w)
+
+    def on_conv(expr, matches):
+        if not _quantizable_conv(expr):
+            return expr
+        const = matches[w]
+        if const not in packed:
+            oihw = const.value.numpy().astype(np.float32)
+            codes, scale = _quantize_weight(oihw.reshape(oihw.shape[0], -1).T)
+            packed[const] = (relax.const(codes.T.reshape(oihw.shape)),
+                             relax.const(scale.reshape(1, -1, 1, 1)))
+            if decisions is not None:
+                co, rest = oihw.shape[0], int(np.prod(oihw.shape[1:]))
+                decisions.append(QuantDecision(f"conv constant[{'x'.join(map(str, oihw.shape))}]",
+                                               (co, rest), "int8-channel", None))
+        return _dynamic_conv(expr, *packed[const])
+
     func = rewrite_call(linear, on_linear, func)
+    func = rewrite_call(conv, on_conv, func)
     return rewrite_call(plain, lambda e, m: layer(e, m, lambda a: a), func)
