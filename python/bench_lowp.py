@@ -101,7 +101,6 @@ def _gemm_table(rows: list) -> str:
 
 
 def bench_model(name: str, rounds: int, samples: int, inductor: bool) -> dict:
-    import numpy as np
     import torch
     import tvm
     from tvm import relax
@@ -245,7 +244,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import tvm_roller  # noqa: F401  (the thread pool before torch starts its own)
-
+    del tvm_roller
     out = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename}
     if args.gemm:
         out["gemm"] = bench_gemms(args.rounds)

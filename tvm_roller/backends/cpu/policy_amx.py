@@ -18,8 +18,9 @@ from tvm_roller.hardware.model import DeviceModel
 
 MAX_CHUNK = 512  # reduction elements per micro-kernel call: C's tiles are loaded/stored per call
 # one core's sustained rate of the 2×2 micro-kernel over L1/L2-resident operands (GFLOP/s and
-# GOP/s), measured on the Xeon (Emerald Rapids) this was written on: 1024³ bf16 at ~1400 GF/s
-# on two cores, B packed; the instruction alone ~1700 per core; int8's instruction is twice that
+# GOP/s), set from the Xeon (Emerald Rapids) this was written on: 1024³ bf16 at 1000-1400 GF/s
+# on two cores; the instruction alone 600-1900 per core (the shared host moved it 3× between
+# runs); int8's instruction is twice that. Not calibrated per machine yet.
 _TILE_GOPS = {"bf16": 700.0, "int8": 1400.0}
 
 
@@ -28,7 +29,7 @@ class GemmRoles:
     """Which block axes and operands of the main block play a GEMM's parts."""
 
     m: int  # output rows: A's, not B's
-    n: int  # output columns, the vector axis: B's, not A's
+    n: int  # output columns (its last axis): B's, not A's
     k: int  # the one reduction axis
     a: str  # the operand read along (m, k)
     b: str  # the operand read along (k, n)
