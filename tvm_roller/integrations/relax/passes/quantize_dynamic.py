@@ -102,8 +102,8 @@ def _quantizable_conv(call: relax.Call) -> bool:
 
 def quantize_gemms(mod: tvm.IRModule, decisions: Optional[List[QuantDecision]] = None
                    ) -> tvm.IRModule:
-    """The rewrite above on every Relax function's constant linear layers with at least
-    ``MIN_ROWS`` static rows; ``decisions`` gets one entry per matrix rewritten."""
+    """The rewrite above on every Relax function's constant linear layers and convolutions
+    with at least ``MIN_ROWS`` static rows; ``decisions`` gets one entry per weight rewritten."""
     mod = mod.clone()
     for gv, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
