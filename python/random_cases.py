@@ -35,6 +35,8 @@ def _parse(argv):
     ap.add_argument("--families", help="comma-separated families (default all): "
                     + ", ".join(families.FAMILIES))
     ap.add_argument("--only", help="comma-separated case indices to run (others skipped)")
+    ap.add_argument("--lowp", action="store_true", help="CPU matmuls of bf16 / int8 / uint8 "
+                    "operands (the AMX kernels); pass it again with --only")
     ap.add_argument("--markdown", action="store_true", help="also print the markdown table")
     ap.add_argument("--quiet", action="store_true", help="no progress line per case")
     return ap.parse_args(argv)
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     only = sorted({int(i) for i in args.only.split(",")}) if args.only else None
     n = max(only) + 1 if only else args.n
     try:
-        cases = families.generate(args.seed, n, args.target, fams)
+        cases = families.generate(args.seed, n, args.target, fams, args.lowp)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -89,6 +89,20 @@ def test_cpu_sample_is_clean(tmp_path):
     assert not _failures(results), "\n".join(_failures(results))
 
 
+def test_low_precision_sample_is_clean():
+    """``--lowp``: bf16 / int8 / uint8 matmuls (the AMX kernels where the CPU has them; int8
+    results exact)."""
+    from tvm_roller.hardware import host_target
+    from tvm_roller.hardware.cpu import detect_isa
+
+    if not {"amx-bf16", "amx-int8"} <= detect_isa(host_target())[1]:
+        pytest.skip("this CPU has no AMX")
+    cases = families.generate(3, 12, "cpu", ["matmul", "batch_matmul"], lowp=True)
+    assert {c.dtype for c in cases} == set(families.LOW_PRECISION)
+    results = runner.run_cases(cases, None, timeout=120)
+    assert not _failures(results), "\n".join(_failures(results))
+
+
 @needs_nvcc
 def test_cuda_sample_is_clean():
     results = runner.run_cases(families.generate(0, 12, "cuda"), timeout=180)

@@ -34,8 +34,14 @@ def inputs(case: Case, built: families.Built) -> List[np.ndarray]:
     arrays = []
     for k, (shape, dtype) in enumerate(specs(built)[:-1]):
         rng = np.random.default_rng([case.seed, case.index, 2, k])
-        x = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
-        x[x == 0] = 0.5
+        if dtype in ("int8", "uint8"):  # the whole range (an int8 GEMM must be exact)
+            lo, hi = (-128, 128) if dtype == "int8" else (0, 256)
+            x = rng.integers(lo, hi, size=shape)
+            x[x == 0] = 3
+            x = x.astype(dtype)
+        else:  # (bfloat16: numpy's ml_dtypes type)
+            x = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+            x[x == 0] = 0.5
         arrays.append(x)
     return arrays
 
@@ -44,7 +50,8 @@ def run(lib, arrays: Sequence[np.ndarray], out: Spec) -> np.ndarray:
     """Call ``lib`` (what ``tvm.compile`` returns) on ``arrays`` and a NaN-filled output."""
     dev = tvm.cpu(0)
     args = [tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays]
-    res = tvm.runtime.tensor(np.full(out[0], np.nan, dtype=out[1]), dev)
+    fill = np.nan if out[1].startswith("float") else np.iinfo(out[1]).min  # never written: seen
+    res = tvm.runtime.tensor(np.full(out[0], fill, dtype=out[1]), dev)
     lib["main"](*args, res)
     return res.numpy()
 

@@ -693,17 +693,25 @@ FAMILIES: Dict[str, Family] = {
 }
 
 
-def _draw_dtype(d: Draw, fam: Family) -> str:
+#: low-precision operands and their accumulators (``--lowp``: the CPU's tile products)
+LOW_PRECISION = {"bfloat16": "float32", "int8": "int32", "uint8": "int32"}
+_LOWP_FAMILIES = ("matmul", "batch_matmul")
+
+
+def _draw_dtype(d: Draw, fam: Family, family: str, lowp: bool) -> str:
+    if lowp and d.target == "cpu" and family in _LOWP_FAMILIES:
+        return list(LOW_PRECISION)[d.int(0, len(LOW_PRECISION) - 1)]
     if d.target == "cuda" and fam.half and d.chance(0.4):
         return "float16"
     return "float64" if d.chance(0.25) else "float32"
 
 
-def draw_case(seed: int, index: int, family: str, target: str) -> Case:
-    """Case ``index`` of ``seed`` in ``family`` for ``target`` ("cpu" or "cuda")."""
+def draw_case(seed: int, index: int, family: str, target: str, lowp: bool = False) -> Case:
+    """Case ``index`` of ``seed`` in ``family`` for ``target`` ("cpu" or "cuda"); ``lowp``:
+    CPU matmuls of bf16 / int8 / uint8 operands (accumulating in float32 / int32)."""
     fam = FAMILIES[family]
     d = Draw(np.random.default_rng([seed, index, 1]), target)
-    dtype = _draw_dtype(d, fam)
+    dtype = _draw_dtype(d, fam, family, lowp)
     for _ in range(_DRAW_TRIES):
         params = fam.draw(d)
         if params is not None:
@@ -712,6 +720,8 @@ def draw_case(seed: int, index: int, family: str, target: str) -> Case:
         raise RuntimeError(f"{family}: no parameters within budget in {_DRAW_TRIES} draws")
     if dtype == "float16" and fam.mixed:
         params["acc"] = "float32"
+    if dtype in LOW_PRECISION:
+        params["acc"] = LOW_PRECISION[dtype]
     return Case(seed, index, family, dtype, target, params)
 
 
@@ -727,7 +737,7 @@ def family_names(only: Optional[Sequence[str]] = None) -> List[str]:
 
 
 def generate(seed: int, n: int, target_kind: str,
-             families: Optional[Sequence[str]] = None) -> List[Case]:
+             families: Optional[Sequence[str]] = None, lowp: bool = False) -> List[Case]:
     """``n`` cases for ``target_kind`` ("cpu" or "cuda"), deterministic for ``seed``: the
     families take turns, each block of ``len(families)`` cases in its own shuffled order."""
     if target_kind not in ("cpu", "cuda"):
@@ -737,7 +747,7 @@ def generate(seed: int, n: int, target_kind: str,
     for i in range(n):
         block, pos = divmod(i, len(names))
         order = np.random.default_rng([seed, block, 0]).permutation(len(names))
-        cases.append(draw_case(seed, i, names[int(order[pos])], target_kind))
+        cases.append(draw_case(seed, i, names[int(order[pos])], target_kind, lowp))
     return cases
 
 
