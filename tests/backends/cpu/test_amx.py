@@ -193,3 +193,17 @@ def test_unsupported_product_declined():
     with pytest.raises(UnsupportedError, match="no AMX product"):
         tvm_roller.plan(gemm(32, 32, 32, "bfloat16", "bfloat16", "bfloat16"),
                         {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+
+
+@needs_amx
+def test_cached_tile_is_reused(tmp_path):
+    """A padded shape (K 61 → chunk 64, M 13 → 32) comes back from the schedule cache as it
+    was planned: the rule's checks take the instruction's padded tiles."""
+    from tvm_roller.cache import ScheduleCache
+
+    cache = ScheduleCache(str(tmp_path))
+    func = gemm(13, 97, 61, "bfloat16", "bfloat16", "float32")
+    first = tvm_roller.plan(func, host_target(), cache=cache)
+    again = tvm_roller.plan(func, host_target(), cache=cache)
+    assert not first.from_cache and again.from_cache
+    assert again.tiles[0].to_dict() == first.tiles[0].to_dict()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.backends.cpu.amx import BLOCK, AmxKind, kind_for
-from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 
@@ -72,17 +72,37 @@ def reduction_chunk(extent: int, kind: AmxKind) -> int:
     return _ceil_to(-(-padded // chunks), kind.kstep)
 
 
-def construct_amx(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, topk: int) -> List[RTile]:
-    """The best ``topk`` rTiles by the model, best first."""
-    kind = roles.kind
+def _fixed_levels(fa: FuncAnalysis, roles: GemmRoles) -> Tuple[List[int], List[int], List[int]]:
+    """(register tile, L1 tile, padded extents): what the instruction fixes."""
     ext = [a.extent for a in fa.axes]
-    reg = [BLOCK if i in (roles.m, roles.n) else 1 for i in range(len(ext))]
-    reg = [r if a.kind == "S" else 1 for r, a in zip(reg, fa.axes)]
-    kc = reduction_chunk(ext[roles.k], kind)
+    reg = [BLOCK if i in (roles.m, roles.n) and a.kind == "S" else 1
+           for i, a in enumerate(fa.axes)]
+    kc = reduction_chunk(ext[roles.k], roles.kind)
     padded = [_ceil_to(e, r) for e, r in zip(ext, reg)]
     padded[roles.k] = _ceil_to(ext[roles.k], kc)
     l1 = list(reg)
     l1[roles.k] = kc
+    return reg, l1, padded
+
+
+def check_tile(tile: RTile, fa: FuncAnalysis, roles: GemmRoles) -> None:
+    """InvalidTile unless ``tile`` (e.g. from the schedule cache) is one this lowering takes."""
+    reg, l1, padded = _fixed_levels(fa, roles)
+    if tile.reg != reg or tile.l1 != l1 or not tile.tensor_core.startswith(
+            f"amx_{roles.kind.name}_"):
+        raise InvalidTile(f"not an AMX {roles.kind.name} tile of this function (register tile "
+                          f"{tile.reg}, chunk {tile.l1}, {tile.tensor_core!r})")
+    for i in fa.spatial:
+        if tile.l2[i] % reg[i] or not reg[i] <= tile.l2[i] <= padded[i]:
+            raise InvalidTile(f"task tile {tile.l2} does not tile the padded extents {padded}")
+
+
+def construct_amx(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, topk: int) -> List[RTile]:
+    """The best ``topk`` rTiles by the model, best first."""
+    kind = roles.kind
+    ext = [a.extent for a in fa.axes]
+    reg, l1, padded = _fixed_levels(fa, roles)
+    kc = l1[roles.k]
     rate = _TILE_GOPS["bf16" if kind.name == "bf16" else "int8"] * 1e9
     l2_bw = dev.levels[1].bandwidth_gbs * 1e9 / max(1, dev.num_units)
     dram_bw = dev.levels[-1].bandwidth_gbs * 1e9 / max(1, dev.num_units)
@@ -102,17 +122,19 @@ def construct_amx(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, topk: in
             # operands come from DRAM once (a model's weights are not cache-resident)
             elem_k = kind.elem_bytes * padded[roles.k]
             traffic = elem_k * (mt * (nt // BLOCK) + nt * (mt // BLOCK))
-            per_task = max(flops / rate, traffic / l2_bw, elem_k * (mt + nt) / dram_bw)
-            cands.append((waves * per_task, -mt * nt, l2))
+            terms = {"compute": flops / rate, "L2": traffic / l2_bw,
+                     "DRAM": elem_k * (mt + nt) / dram_bw}
+            bound = max(terms, key=terms.get)
+            cands.append((waves * terms[bound], -mt * nt, l2, bound))
     cands.sort(key=lambda c: (c[0], c[1]))
     tiles = []
-    for pred, _, l2 in cands[:topk]:
+    for pred, _, l2, bound in cands[:topk]:
         t = RTile(kind="tiled", axes=[a.name for a in fa.axes], extents=ext,
                   axis_kinds="".join(a.kind for a in fa.axes), reg=reg, l1=l1, l2=l2,
                   vector_axis=fa.vector_axis, vector_lanes=16, acc_level="reg",
                   num_tasks=_tasks(fa, padded, l2),
                   tensor_core=f"amx_{kind.name}_32x32x{kc}", predicted_s=pred,
-                  bound="compute", notes=[f"AMX {kind.instruction}: 2×2 tiles of 16×16, "
+                  bound=bound, notes=[f"AMX {kind.instruction}: 2×2 tiles of 16×16, "
                                           f"reduction chunk {kc}"])
         tiles.append(t)
     return tiles

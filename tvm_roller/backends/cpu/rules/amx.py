@@ -8,7 +8,7 @@ from typing import List
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
-from tvm_roller.backends.base import TiledOpRule
+from tvm_roller.backends.base import OpRule, TiledOpRule
 from tvm_roller.backends.cpu import amx, lower_amx, policy_amx
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
@@ -31,6 +31,12 @@ class AmxRule(TiledOpRule):
                 f"{roles.kind.a_dtype} × {roles.kind.b_dtype} products need {roles.kind.feature} "
                 f"(AMX); {dev.name} has {', '.join(units) or 'no matrix or dot-product units'}")
         return policy_amx.construct_amx(fa, dev, roles, topk)
+
+    def validate(self, tile: RTile, fa: FuncAnalysis, dev: DeviceModel) -> None:
+        """The common checks, then the instruction's: its register tile, the reduction chunk
+        (padded: it may exceed the axis), task tiles of the padded extents."""
+        OpRule.validate(self, tile, fa, dev)
+        policy_amx.check_tile(tile, fa, policy_amx.gemm_roles(fa))
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
               dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
