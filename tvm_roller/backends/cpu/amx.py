@@ -70,6 +70,13 @@ KINDS: Tuple[AmxKind, ...] = (
 OPERAND_DTYPES = ("bfloat16", "int8", "uint8")
 
 
+def has_int8_tiles(target) -> bool:
+    """Whether ``target`` has AMX's int8 tile products."""
+    from tvm.target import codegen
+
+    return str(target.kind) == "llvm" and bool(codegen.target_has_features("amx-int8", target))
+
+
 def kind_for(a_dtype: str, b_dtype: str, acc_dtype: str) -> Optional[AmxKind]:
     """The AMX product of these operand and accumulator dtypes, or None."""
     return next((k for k in KINDS if (k.a_dtype, k.b_dtype, k.acc_dtype) ==

@@ -31,17 +31,12 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from tvm_roller.backends.cpu.amx import has_int8_tiles  # noqa: F401 (compile.py, tests)
 from tvm_roller.integrations.relax.passes.quantize_weights import QuantDecision, \
     float_rows, is_transpose
 
 #: activation rows from which a layer is a GEMM for the tile products (two AMX tiles' rows)
 MIN_ROWS = 32
-
-
-def has_int8_tiles(target: tvm.target.Target) -> bool:
-    from tvm.target import codegen
-
-    return str(target.kind) == "llvm" and bool(codegen.target_has_features("amx-int8", target))
 
 
 def _static_rows(x: relax.Expr) -> Optional[int]:
