@@ -10,7 +10,8 @@ from tvm import relax
 
 import tvm_roller
 from tvm_roller.hardware import host_target
-from tvm_roller.integrations.relax.passes.quantize_dynamic import MIN_ROWS, has_int8_tiles
+from tvm_roller.backends.cpu.amx import has_int8_tiles
+from tvm_roller.integrations.relax.passes.quantize_dynamic import MIN_ROWS
 
 pytestmark = pytest.mark.skipif(not has_int8_tiles(host_target()), reason="no AMX-INT8")
 

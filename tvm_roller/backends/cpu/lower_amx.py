@@ -75,8 +75,9 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
                                f"C += {roles.kind.acc_dtype}(A) · {roles.kind.acc_dtype}(B) "
                                "(operand order or casts differ)")
     sch.annotate(task, "pragma_import_llvm", amx.kernel_ir(roles.kind))
+    remaining = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     for name in leftovers:
-        if name in {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}:
+        if name in remaining:  # (an epilogue stage inlined forward is gone)
             parallel_vectorize_block(sch, sch.get_sblock(name), t.vector_lanes, t.num_tasks)
     return sch
 

@@ -9,8 +9,8 @@ import tvm
 from tvm_roller.cache.modules import ModuleCache
 from tvm_roller.core.errors import first_lines
 from tvm_roller.hardware import DeviceModel
-from tvm_roller.integrations.relax.passes.quantize_dynamic import has_int8_tiles, \
-    quantize_gemms
+from tvm_roller.backends.cpu.amx import has_int8_tiles
+from tvm_roller.integrations.relax.passes.quantize_dynamic import quantize_gemms
 from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for, weight_entries
 from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
 from tvm_roller.integrations.relax.pipeline import get_pipeline

@@ -16,6 +16,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from tvm_roller.integrations.relax.passes.mutate import mutate_functions
+
 _LOW = ("bfloat16",)
 #: computed in float32 (every bf16 tensor operand cast up, the result back): row reductions,
 #: and the activations whose float32 forms are vector polynomials (``fast_math``; in bf16
@@ -54,11 +56,6 @@ def accumulate_f32_pass() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="RollerAccumulateF32")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _Widen()
-        mod = mod.clone()  # (assigning a function changes the module in place: the caller's)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mod[gv] = mutator.visit_expr(func)
-        return relax.transform.Normalize()(mod)
+        return mutate_functions(mod, _Widen())
 
     return _rewrite

@@ -31,7 +31,6 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from tvm_roller.backends.cpu.amx import has_int8_tiles  # noqa: F401 (compile.py, tests)
 from tvm_roller.integrations.relax.passes.quantize_weights import QuantDecision, \
     float_rows, is_transpose
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from tvm_roller.integrations.relax.passes.mutate import mutate_functions
+
 _SCANS = {"relax.cumsum", "relax.cumprod"}
 _COMPARISONS = {"relax.equal", "relax.not_equal", "relax.less", "relax.less_equal",
                 "relax.greater", "relax.greater_equal"}
@@ -112,12 +114,7 @@ def workarounds_pass() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="RollerTVMWorkarounds")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _Workarounds()
-        mod = mod.clone()  # (assigning a function changes the module in place: the caller's)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mod[gv] = mutator.visit_expr(func)
         # (what the rewrites left unused, an empty slice, goes)
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+        return relax.transform.DeadCodeElimination()(mutate_functions(mod, _Workarounds()))
 
     return _rewrite
