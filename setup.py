@@ -15,7 +15,11 @@ README = HERE / "README.md"
 # notebook packages run the tutorials / benchmark plots.
 # transformers builds HuggingFace architectures from their configs (random weights, no download)
 # for the whole-model tests and benchmarks. import-linter checks the package's layers in CI.
-TEST_EXTRAS = ["pytest", "import-linter==2.17", "torch==2.13.0", "transformers==5.24.0",
+# onnxruntime: the peer the harness's model contest times (tests/harness/test_bench_contest.py).
+# pytest-xdist: the test command runs two workers, one test file each at a time (-n 2 --dist
+# loadfile: a file's module fixtures are built once).
+TEST_EXTRAS = ["pytest", "pytest-xdist", "import-linter==2.17", "torch==2.13.0",
+               "transformers==5.24.0", "onnxruntime",
                "matplotlib", "nbclient", "nbformat", "ipykernel",
                "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
 

@@ -21,7 +21,7 @@ def main() -> int:
 
     import tvm_roller
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     tgt = tvm_roller.hardware.normalize_target("llvm")
     torch.set_num_threads(int(tgt.attrs["num-cores"]))

@@ -58,7 +58,7 @@ SHAPES = [
 def conv_primfunc(dims, cin, size, cout, k, s, p, g, relu=True, seed=0, n=1):
     """The fused PrimFunc (pad + conv + bias add [+ relu]) of a channels-last convolution with
     constant weights, as Relax's pipeline produces it; also the weight and bias arrays."""
-    from tvm_roller.tools.examples.fused_funcs import channels_last_conv
+    from harness.examples.fused_funcs import channels_last_conv
 
     rng = np.random.default_rng(seed)
     w = rng.uniform(-1, 1, size=(k,) * dims + (cin // g, cout)).astype("float32")

@@ -27,7 +27,7 @@ import tvm_roller  # noqa: E402
 import tvm_roller.relax as rr  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.integrations.pytorch import import_torch  # noqa: E402
-from tvm_roller.tools.bench.measure import write_json  # noqa: E402
+from harness.bench.measure import write_json  # noqa: E402
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass  # noqa: E402
 from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass  # noqa: E402
 
@@ -35,7 +35,8 @@ from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass  #
 def build_model(name: str, layers: int, max_len: int):
     from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel
 
-    from tvm_roller.tools.examples.hf_models import LastHidden, _eval
+    from harness.examples.hf_models import _eval
+    from tvm_roller.tools.models.hf_export import LastHidden
 
     torch.manual_seed(0)
     if name == "llama":

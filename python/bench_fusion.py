@@ -45,7 +45,7 @@ def _ops(batch, m, k, l, n, middle):  # noqa: E741
     from tvm import te
 
     from tvm_roller.fusion import operators
-    from tvm_roller.tools.bench import chains as workloads
+    from harness.bench import chains as workloads
     from tvm_roller.fusion.chain import detect_chain
 
     chain_func = workloads.gemm_chain(batch, m, k, l, n, middle)
@@ -123,7 +123,7 @@ def _bert_vms(seq: int, target):
 
     import tvm_roller
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     model = models.bert_layer()
     x = torch.randn(1, seq, 768)
@@ -153,7 +153,7 @@ def main() -> int:
     import torch
     import tvm
 
-    from tvm_roller.tools.bench.chains import CHAINS, CONV_CHAINS
+    from harness.bench.chains import CHAINS, CONV_CHAINS
     from tvm_roller.hardware import normalize_target
 
     target = normalize_target("llvm")
@@ -299,7 +299,7 @@ def _gemm_data(batch, m, k, l, n, middle):  # noqa: E741
 def _conv_ops(n, h, w, ci, cm, co):
     from tvm import te, topi
 
-    from tvm_roller.tools.bench.chains import conv_chain
+    from harness.bench.chains import conv_chain
 
     x = te.placeholder((n, h, w, ci), name="x")
     w1 = te.placeholder((3, 3, ci, cm), name="w1")

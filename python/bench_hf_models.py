@@ -5,7 +5,7 @@ same process.
 For each model, in a fresh process with a fresh roller cache: export, compile cold, compile
 again (warm: the module cache), check against PyTorch, list the slowest kernels (Relax VM
 instrument, before any other runtime is loaded), then time roller and every peer in one
-interleaved run, each in its own short blocks (``tools.bench.contest``: the peers' exporters
+interleaved run, each in its own short blocks (``harness.bench.contest``: the peers' exporters
 and settings are named there; a peer that cannot convert a model is reported as failing). Batch
 1, all cores. Counts the PrimFuncs roller scheduled / declined / failed on. Prints a markdown
 table; ``--json`` keeps the raw rows.
@@ -27,7 +27,7 @@ DEFAULT_MODELS = "bert,gpt2,vit,resnet,mobilenet_v2,whisper_encoder"
 
 def _kernel_profile(vm, arg, calls: int = 5, top: int = 8) -> list:
     """(kernel, ms per call, share) of the slowest PrimFuncs."""
-    from tvm_roller.tools.bench.measure import kernel_times, slowest
+    from harness.bench.measure import kernel_times, slowest
 
     times = kernel_times(vm, arg, calls)
     total = sum(times.values()) or 1.0
@@ -42,8 +42,8 @@ def bench_one(name: str, size: str, inductor: bool, keep_layouts: bool = False) 
     from tvm import relax
 
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.bench import contest
-    from tvm_roller.tools.examples import hf_models
+    from harness.bench import contest
+    from harness.examples import hf_models
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model, x = hf_models.MODELS[name](size)
@@ -91,7 +91,7 @@ _PEERS = ("eager", "inductor", "onnxruntime", "openvino")
 def _table(rows: list) -> str:
     import math
 
-    from tvm_roller.tools.bench.contest import best_peer
+    from harness.bench.contest import best_peer
 
     lines = ["| model | input | max rel. err | compile cold / warm (s) | roller (ms) | eager (ms) "
              "| inductor (ms) | ONNX RT (ms) | OpenVINO (ms) | best peer | x best | x eager "
@@ -142,7 +142,7 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
-    from tvm_roller.tools.bench.measure import run_isolated
+    from harness.bench.measure import run_isolated
 
     rows = []
     for name in args.models.split(","):

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tvm_roller.llm as llm  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.planner import Context  # noqa: E402
-from tvm_roller.tools.bench.measure import write_json  # noqa: E402
-from tvm_roller.tools.examples.llm_configs import CONFIGS, build  # noqa: E402
+from harness.bench.measure import write_json  # noqa: E402
+from tvm_roller.tools.models.llm_configs import CONFIGS, build  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from llamacpp_peer import llamacpp_greedy  # noqa: E402
@@ -99,7 +99,7 @@ def tvm_default_decode(model, max_seq_len: int, prompt: int, new: int) -> float:
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     raw = [tvm.runtime.from_dlpack(w.contiguous()) for w in exported.weights]
     lm = CausalLM(vm, list(vm["prefill_transform_params"](raw)), raw, exported.cache,
-                  exported.vocab, max_seq_len)
+                  exported.vocab, max_seq_len, tvm.cpu())
     ids = torch.randint(0, exported.vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
     lm.generate(ids, new)
     return lm.stats.decode_s / lm.stats.decode_tokens

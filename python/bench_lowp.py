@@ -1,7 +1,7 @@
 """bf16 and int8 compute: roller's AMX kernels against roller's float32 and PyTorch (oneDNN), and
 whole models in bf16 / int8 against PyTorch (eager, inductor), ONNX Runtime and PyTorch's
 int8, with the accuracy against the float32 model. Everything in one process, interleaved
-(``tools.bench.interleaved``).
+(``harness.bench.interleaved``).
 
     python python/bench_lowp.py --gemm                 # GEMM / batch-matmul shapes
     python python/bench_lowp.py --models bert          # BERT-base, 128 tokens
@@ -39,7 +39,7 @@ def bench_gemms(rounds: int) -> list:
 
     import tvm_roller
     from tvm_roller.hardware import host_target
-    from tvm_roller.tools.bench.interleaved import time_blocks
+    from harness.bench.interleaved import time_blocks
 
     dev, rows = tvm.cpu(), []
     for b, m, n, k in GEMMS:
@@ -108,8 +108,8 @@ def bench_model(name: str, rounds: int, samples: int, inductor: bool) -> dict:
     import tvm_roller
     from tvm_roller.hardware import host_target
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.bench.interleaved import time_blocks
-    from tvm_roller.tools.examples import hf_models
+    from harness.bench.interleaved import time_blocks
+    from harness.examples import hf_models
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model, x = hf_models.MODELS[name]("full")
@@ -204,7 +204,7 @@ def _ort_int8(model, x):
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from tvm_roller.tools.bench.peers import export_onnx
+    from harness.bench.peers import export_onnx
 
     d = tempfile.mkdtemp()
     try:

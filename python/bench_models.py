@@ -19,7 +19,7 @@ import time
 def bench_one(name: str, tvm_default: bool) -> dict:
     import tvm_roller  # noqa: F401  (sets the thread pool size before torch / tvm start)
     from tvm_roller.tools.compile_model import compile_model
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     factory = getattr(models, name)
     cold = compile_model(factory(), models.INPUT_SHAPES[name], name=name, cache=True,
@@ -47,7 +47,7 @@ def main() -> int:
             json.dump(row, fh)
         return 0
 
-    from tvm_roller.tools.bench.measure import run_isolated, write_json
+    from harness.bench.measure import run_isolated, write_json
 
     # each model in a fresh process with a fresh cache (see run_isolated)
     rows = []

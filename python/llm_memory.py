@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tvm_roller.llm as llm  # noqa: E402
-from tvm_roller.tools.examples.llm_configs import build  # noqa: E402
+from tvm_roller.tools.models.llm_configs import build  # noqa: E402
 
 
 def resident() -> int:

@@ -139,7 +139,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     import tvm_roller
-    from tvm_roller.tools.bench.chains import CHAINS, CONV_CHAINS, conv_chain, gemm_chain
+    from harness.bench.chains import CHAINS, CONV_CHAINS, conv_chain, gemm_chain
     from tvm_roller.hardware import normalize_target
 
     # planned and scheduled for this machine (its device model), compiled for AVX2

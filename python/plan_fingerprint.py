@@ -6,7 +6,7 @@
 ``dump`` plans every suite workload (top-3) for a fixed host-like CPU target and for
 ``nvidia/nvidia-h100`` and records a hash of each rTile (every field but the notes) and of the
 best schedule (``sch.mod.script()``); with ``--models`` it also compiles the example HuggingFace
-models (``tools.examples.hf_models``) through ``tvm_roller.relax.compile`` and records each
+models (``harness.examples.hf_models``) through ``tvm_roller.relax.compile`` and records each
 PrimFunc's report entry (status, kind, rTile, fallback, fusion) and the matmul-chain decisions.
 Run it once per tree (e.g. ``PYTHONPATH=<a git worktree>``), then ``compare`` lists what differs;
 it runs on the trees before and after the package's re-layout (issue 26) alike.
@@ -72,24 +72,27 @@ def dump_models(size: str) -> dict:
     return out
 
 
-# where each name lives in this tree and in the tree before the planner/ cache/ integrations/
-# tools/ layout (issue 26), so one script fingerprints both
+# where each name lives, newest layout first: this tree (the harness under python/), the
+# tools/ layout before it (issue 41), the one before planner/ cache/ integrations/ tools/
+# (issue 26); the first that imports is used, so one script fingerprints every tree
 _PLACES = {"apply": ("tvm_roller.planner", "tvm_roller.api"),
            "workloads": ("tvm_roller.tools.suite.workloads", "tvm_roller.suite.workloads"),
            "import_torch": ("tvm_roller.integrations.pytorch", "tvm_roller.compile_model"),
-           "hf_models": ("tvm_roller.tools.examples.hf_models", "tvm_roller.examples.hf_models")}
+           "hf_models": ("harness.examples.hf_models", "tvm_roller.tools.examples.hf_models",
+                         "tvm_roller.examples.hf_models")}
 
 
 def _tree(name: str):
     import importlib
-    from pathlib import Path
 
-    import tvm_roller
-
-    new_layout = (Path(tvm_roller.__file__).parent / "planner").is_dir()
-    module = _PLACES[name][0 if new_layout else 1]
-    mod = importlib.import_module(module)
-    return mod if module.endswith(name) else getattr(mod, name)
+    for module in _PLACES[name]:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:  # an older layout, or the harness of a newer tree
+            missing = err
+            continue
+        return mod if module.endswith(name) else getattr(mod, name)
+    raise missing
 
 
 def compare(before: dict, after: dict) -> int:

@@ -60,7 +60,7 @@ def main() -> int:
     from tvm_roller.backends.cpu import chain_lower, chain_plan
     from tvm_roller.backends.registry import backend_for
     from tvm_roller.fusion import operators
-    from tvm_roller.tools.bench.chains import gemm_chain
+    from harness.bench.chains import gemm_chain
     from tvm_roller.hardware import normalize_target
 
     target = normalize_target("llvm")

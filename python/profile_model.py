@@ -25,7 +25,7 @@ def main() -> None:
 
     import tvm_roller
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     model = getattr(models, args.model)()
     x = torch.randn(*models.INPUT_SHAPES[args.model])
@@ -47,7 +47,7 @@ def main() -> None:
     print(f"roller {roller_s * 1e3:.2f} ms, PyTorch {torch_s * 1e3:.2f} ms: "
           f"roller speed = {torch_s / roller_s:.2f}x PyTorch")
 
-    from tvm_roller.tools.bench.measure import kernel_times, slowest
+    from harness.bench.measure import kernel_times, slowest
 
     times = kernel_times(vm, arg, calls=20)
     for name, t in slowest(times, 14):

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tvm_roller.llm as llm  # noqa: E402
-from tvm_roller.tools.examples.llm_configs import build  # noqa: E402
+from tvm_roller.tools.models.llm_configs import build  # noqa: E402
 
 LLAMA_CPP = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
 

@@ -1,5 +1,5 @@
 """Random-case reliability run: seeded random cases of every op family, each checked in an
-isolated worker (``tvm_roller.tools.random_cases``).
+isolated worker (``harness.random_cases``).
 
     python python/random_cases.py --target cpu --seed 0 -n 200 --out cpu.jsonl
     python python/random_cases.py --target cuda --seed 0 -n 100 --jobs 2 --markdown
@@ -18,8 +18,8 @@ import argparse
 import sys
 import time
 
-from tvm_roller.tools.random_cases import families, report, runner
-from tvm_roller.tools.random_cases.case import OK, Result
+from harness.random_cases import families, report, runner
+from harness.random_cases.case import OK, Result
 
 
 def _parse(argv):

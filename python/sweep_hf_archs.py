@@ -5,12 +5,12 @@ settings), each checked and timed against PyTorch eager, inductor, ONNX Runtime 
                                     [--tokens 128] [--layers 2]
                                     [--json out/sweep.json] [--timeout 1500]
 
-The architectures are ``tvm_roller.tools.examples.hf_archs`` (39: encoders, decoders, vision
+The architectures are ``tvm_roller.tools.models.hf_archs`` (39: encoders, decoders, vision
 transformers, full-depth CNNs, audio; transformers at 2 layers and 128 tokens). Each runs in a
 child process (a crash or a hang is a counted row). In it: the model is exported once
 (``torch.export``) and compiled cold (no cache); every contender's output is compared with
 PyTorch's; then all are timed in one interleaved run, each in its own short blocks
-(``tools.bench.interleaved``); roller's kernels are profiled against their roofline bounds
+(``harness.bench.interleaved``); roller's kernels are profiled against their roofline bounds
 (``tools.profile_model``, before any other runtime is loaded). ONNX Runtime: CPU EP, ``ORT_ENABLE_ALL``, the model exported with
 ``torch.onnx.export`` (dynamo, opset 18; else TorchScript, opset 17). OpenVINO: ``convert_model``
 from PyTorch, CPU, ``LATENCY`` hint, ``INFERENCE_PRECISION_HINT=f32``. All with the machine's
@@ -41,9 +41,9 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
 
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.planner import Context
-    from tvm_roller.tools.bench import contest
-    from tvm_roller.tools.bench.measure import fork_join_s
-    from tvm_roller.tools.examples import hf_archs
+    from harness.bench import contest
+    from tvm_roller.tools.kernel_timing import fork_join_s
+    from tvm_roller.tools.models import hf_archs
     from tvm_roller.tools.profile_model import profile
 
     threads = len(os.sched_getaffinity(0))
@@ -85,7 +85,7 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
 
 
 def best_peer(row: dict):
-    from tvm_roller.tools.bench.contest import best_peer as best
+    from harness.bench.contest import best_peer as best
 
     return best(row.get("peers", {}))
 
@@ -151,7 +151,7 @@ def details(rows: list) -> str:
 
 
 def main() -> int:
-    from tvm_roller.tools.examples import hf_archs
+    from tvm_roller.tools.models import hf_archs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default=",".join(hf_archs.ARCHS))
@@ -170,7 +170,7 @@ def main() -> int:
             json.dump(run_one(args.one, args.batch, not args.no_inductor, args.tokens,
                               args.layers), fh)
         return 0
-    from tvm_roller.tools.bench.measure import run_isolated, write_json
+    from harness.bench.measure import run_isolated, write_json
 
     rows = []
     for arch in args.archs.split(","):

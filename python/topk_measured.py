@@ -1,5 +1,5 @@
 """Top-k measured (``relax.compile(measure_topk=4)``) against the default top-1 on whole models
-of ``tvm_roller.tools.examples.hf_archs``: compile time and latency, both builds in one process
+of ``tvm_roller.tools.models.hf_archs``: compile time and latency, both builds in one process
 timed in alternating rounds, each compile with a fresh schedule cache.
 
     python python/topk_measured.py deit[,bert,...]
@@ -20,7 +20,7 @@ def compare(arch: str, ks=(0, 4), rounds: int = 4) -> None:
 
     import tvm_roller
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import hf_archs
+    from tvm_roller.tools.models import hf_archs
 
     model, x = hf_archs.build(arch)
     mod = import_torch(model, x)

@@ -38,7 +38,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    import tvm_roller  # noqa: F401  (sets TVM_NUM_THREADS to all cores before TVM's pool starts)
     from tvm_roller.tools.suite.runner import parse_target
     from tvm_roller.tools.suite.tune_baselines import tune_baselines
 

@@ -4,7 +4,10 @@
   reads (or writes) this machine's calibration cache; ``TVM_ROLLER_CALIBRATE=0``: nothing is
   calibrated on first use.
 * ``TARGET`` / ``device()``: the fixed target and preset device model the op tests plan for, so
-  the constructed schedules do not depend on calibration or on the host.
+  the constructed schedules do not depend on calibration or on the host. A test that asserts a
+  planning decision plans for a pinned target and model, never ``host_target()`` (whose model
+  reads this machine's /sys: Intel and AMD plan differently); ``AMX_TARGET`` / ``VNNI_TARGET``
+  with ``device_for()`` for the tests that run AMX / VNNI code (skipped on hosts without it).
 * every CUDA module a test builds with roller is compiled by nvcc (``check_executable``).
 * ``rand`` / ``run`` / ``assert_close``: random (never zero) inputs, calling a built module with
   a NaN-filled output (an element the kernel never writes stays NaN and fails the check), and a
@@ -27,6 +30,8 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="tvm-roller-test-cache-")
 os.environ["TVM_ROLLER_CACHE"] = _CACHE_DIR
 # the tests plan with presets and estimates: no calibration on first use
 os.environ["TVM_ROLLER_CALIBRATE"] = "0"
+# one lock file for the whole run: pytest-xdist's workers inherit the main process's (``alone``)
+_RUN_LOCK = os.environ.setdefault("TVM_ROLLER_TEST_LOCK", os.path.join(_CACHE_DIR, "alone.lock"))
 
 TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
 # the CUDA targets the GPU tests build for: sm_90 with the H100 tag (whose own arch is sm_90a)
@@ -46,8 +51,28 @@ F64_TOL = 1e-12
 
 
 def pytest_configure(config):
-    # pytest.ini registers it too; registering twice is harmless
+    # pytest.ini registers them too; registering twice is harmless
     config.addinivalue_line("markers", "slow: long-running (big shapes); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "alone: runs with no other test beside it (it times "
+                                       "kernels against a stored or a concurrent measurement)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist every test holds the run's lock file shared, from its setup to its
+    teardown, and a test marked ``alone`` holds it exclusively: nothing runs beside a test that
+    times kernels (the other worker's load would move its numbers)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+
+    with open(_RUN_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_unconfigure(config):
@@ -78,7 +103,7 @@ def _nvcc_checks_cuda_builds(monkeypatch):
             ex = build(mod, target, *args, **kwargs)
             tgt = tvm.target.Target(target)
             if has_backend(tgt) and backend_for(tgt).name == "cuda":
-                from tvm_roller.tools.cuda_check import check_executable, nvcc_supports
+                from harness.cuda_check import check_executable, nvcc_supports
                 from tvm_roller.hardware.gpu import target_cc
 
                 # TVM's default arch (sm_50) is one CUDA 13's nvcc no longer compiles for
@@ -96,6 +121,23 @@ def device():
     from tvm_roller import hardware
 
     return hardware.preset("x86-avx512")
+
+
+# the targets of the tests that run AMX / AVX-512 VNNI code (skipped on a host without it): the
+# first CPU with each, so the code runs on every host that has the instructions (Intel's later
+# Xeons, AMD Zen 4 for VNNI), and the plan is the same on all of them
+AMX_TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
+VNNI_TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
+
+
+def device_for(target):
+    """The device model of ``target`` estimated from its ISA's preset (its matrix and
+    dot-product units from the target's features): never this host's /sys or calibration."""
+    import tvm
+
+    from tvm_roller.hardware.cpu import from_target
+
+    return from_target(tvm.target.Target(target), use_cache=False, host_caches=False)
 
 
 def rand(shape: Sequence[int], dtype: str = "float32", seed: int = 0) -> np.ndarray:
@@ -268,3 +310,25 @@ def parity_guards(func) -> list:
 
     post_order_visit(func.body, visit)
     return found
+
+
+def matmul_func(m: int, n: int, k: int):
+    """The PrimFunc of C[m, n] = A[m, k] @ B[k, n] (float32, TE)."""
+    from tvm import te
+
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), "r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    return te.create_prim_func([A, B, C])
+
+
+def gather_sum_func():
+    """A sum over gathered elements (A[idx[k]]): a function roller declines (a gather)."""
+    from tvm import te
+
+    A = te.placeholder((16,), "float32", name="A")
+    idx = te.placeholder((8,), "int32", name="idx")
+    k = te.reduce_axis((0, 8), "k")
+    return te.create_prim_func([A, idx, te.compute((1,), lambda i: te.sum(A[idx[k]], axis=k),
+                                                   name="S")])

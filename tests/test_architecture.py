@@ -1,7 +1,8 @@
 """The package's shape: layers that only point down, no cycles, one place that picks a backend.
 
 ``lint-imports`` checks the contracts in ``.importlinter`` (layers, the backends' independence,
-no import cycles in any package); the other checks read the source.
+no import cycles in any package, the library never importing the development harness); the other
+checks read the source.
 """
 from __future__ import annotations
 
@@ -61,6 +62,28 @@ def test_no_private_names_imported_across_packages():
     assert not bad, bad
 
 
+def test_the_library_never_imports_the_harness():
+    """The development harness (python/harness) is not shipped: no module of tvm_roller imports
+    it, neither by an import statement (which lint-imports also sees) nor by name at run time."""
+    bad = []
+    for path, _, _, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                    node.func, "id", "")) in ("import_module", "__import__") and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                names = [str(node.args[0].value)]
+            else:
+                continue
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                    if n == "harness" or n.startswith("harness.")]
+    assert not bad, bad
+    assert not (PKG / "harness").exists() and (ROOT / "python" / "harness" / "__init__.py").is_file()
+
+
 def test_target_kinds_pick_code_only_in_the_registry_and_backends():
     bad = []
     for path, _, _, tree in _modules():
@@ -98,35 +121,59 @@ def _main_layers() -> list:
     return [[name.strip() for name in line.split("|")] for line in lines]
 
 
-_IMPORT_LAYER = r'''
-import importlib, pkgutil, sys
-blocked = tuple("tvm_roller." + n for n in sys.argv[2].split(",") if n)
+_IMPORT_LAYERS = r'''
+import importlib, os, pkgutil, sys, traceback
+# the third-party packages, loaded once here: each layer's child (forked below) starts with no
+# module of tvm_roller imported and imports only those (TVM's own import took most of the time)
+import numpy, tvm, tvm.relax, tvm.s_tir  # noqa: F401
+assert not [m for m in sys.modules if m.startswith("tvm_roller")]
 
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if any(name == b or name.startswith(b + ".") for b in blocked):
-            raise ImportError(f"{name} is a layer above the one imported")
-        return None
 
-sys.meta_path.insert(0, Blocker())
-for layer in sys.argv[1].split(","):
-    mod = importlib.import_module("tvm_roller." + layer)
-    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
-        importlib.import_module(info.name)
+def check(layer, blocked):
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if any(name == b or name.startswith(b + ".") for b in blocked):
+                raise ImportError(f"{name} is a layer above the one imported")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    for name in layer:
+        mod = importlib.import_module("tvm_roller." + name)
+        for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
+            importlib.import_module(info.name)
+
+
+failed = []
+for arg in sys.argv[1:]:  # "layer,names;names,above"
+    layer, above = (part.split(",") for part in arg.split(";"))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            check(layer, tuple("tvm_roller." + n for n in above if n))
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1]:
+        failed.append(layer)
+print("failed:", failed, file=sys.stderr)
+sys.exit(1 if failed else 0)
 '''
 
 
 def test_each_layer_imports_without_the_layers_above_it():
-    """Importing a layer (every module of it) never needs a layer above it: run bottom up in
-    one fresh process, each layer with every layer above it made unimportable."""
+    """Importing a layer (every module of it) never needs a layer above it: bottom up, each
+    layer in its own process (forked before any module of tvm_roller is imported) with every
+    layer above it made unimportable."""
     layers = _main_layers()
     env = {"PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent),
            "TVM_ROLLER_CALIBRATE": "0", "HOME": str(Path.home())}
-    for i in range(len(layers) - 1, -1, -1):
-        above = [name for group in layers[:i] for name in group]
-        res = subprocess.run([sys.executable, "-c", _IMPORT_LAYER, ",".join(layers[i]),
-                              ",".join(above)], capture_output=True, text=True, env=env)
-        assert res.returncode == 0, f"layer {layers[i]}:\n{res.stderr[-3000:]}"
+    args = [",".join(layers[i]) + ";" + ",".join(n for group in layers[:i] for n in group)
+            for i in range(len(layers) - 1, -1, -1)]
+    res = subprocess.run([sys.executable, "-c", _IMPORT_LAYERS, *args], capture_output=True,
+                         text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 # -- one front door --------------------------------------------------------------------------------
@@ -167,13 +214,9 @@ def test_one_target_normalisation_per_relax_compile(monkeypatch, tmp_path):
 
 
 def _declined_func():
-    from tvm import te
+    from conftest import gather_sum_func
 
-    A = te.placeholder((16,), "float32", name="A")
-    idx = te.placeholder((8,), "int32", name="idx")
-    k = te.reduce_axis((0, 8), "k")
-    return te.create_prim_func([A, idx, te.compute((1,), lambda i: te.sum(A[idx[k]], axis=k),
-                                                   name="S")])
+    return gather_sum_func()
 
 
 def test_every_integration_goes_through_the_one_fallback_path(monkeypatch):

@@ -4,8 +4,9 @@ Builds a schedule from hardware-aligned tiles (rTiles) in well under a second in
 for TVM's LLVM (CPU) and CUDA backends. Plans offline from a device model: no live device needed.
 
 The public functions (``build``, ``explain``, ``plan``, ``schedule``) are the planner's
-(``tvm_roller.planner``); ``relax``, ``dlight`` and ``meta_schedule`` are the integrations. They
-load on first use, so importing one layer of the package never drags in the layers above it.
+(``tvm_roller.planner``); ``relax``, ``dlight``, ``meta_schedule`` and ``llm`` are the
+integrations. They load on first use, so importing one layer of the package never drags in the
+layers above it.
 """
 import importlib
 
@@ -13,19 +14,8 @@ from tvm_roller.core.tvm_version import check_tvm_ffi as _check_tvm_ffi
 from tvm_roller.core.version import __version__
 
 _check_tvm_ffi()
-
-
-def _default_thread_count() -> None:
-    # TVM's CPU thread pool assumes hyper-threading on x86 and uses half the logical CPUs
-    # (one thread on a 2-vCPU machine), fixed at first use. Roller's kernels are planned for
-    # every core, so default the pool to all cores unless the user chose otherwise.
-    import os
-
-    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
-
-
-_default_thread_count()
+# importing the package changes no environment: TVM's thread pool is sized by the first call
+# into roller (``planner.Context.make`` -> ``hardware.threads.size_thread_pool``)
 
 # name -> the module that defines it (a module itself where the name is a submodule)
 _PUBLIC = {
@@ -34,6 +24,7 @@ _PUBLIC = {
     "UnsupportedError": "tvm_roller.core.errors", "FallbackWarning": "tvm_roller.core.errors",
     "RTile": "tvm_roller.core.rtile",
     "hardware": None, "dlight": None, "relax": None, "meta_schedule": None, "planner": None,
+    "llm": None,
 }
 
 
@@ -48,4 +39,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["schedule", "build", "explain", "plan", "UnsupportedError", "FallbackWarning", "RTile",
-           "hardware", "dlight", "relax", "meta_schedule", "__version__"]
+           "hardware", "dlight", "relax", "meta_schedule", "llm", "__version__"]

@@ -1,7 +1,8 @@
 """bf16 models (``model.to(torch.bfloat16)``) through roller's Relax pipeline: every PrimFunc
 roller's (the matmuls and the convolutions, as im2col GEMMs, on AMX), the output within bf16's
 precision of the float32 model (cosine ≥ 0.999) and no further from it than PyTorch's own bf16
-run; convolutions of odd shapes against float64."""
+run; convolutions of odd shapes against float64. Run where the host has AMX-BF16, planned for the
+pinned ``AMX_TARGET`` and its preset-derived model."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,9 @@ import tvm_roller  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.hardware.cpu import detect_isa  # noqa: E402
 from tvm_roller.integrations.pytorch import import_torch  # noqa: E402
-from tvm_roller.tools.examples import hf_models  # noqa: E402
+from harness.examples import hf_models  # noqa: E402
+
+from conftest import AMX_TARGET, device_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not {"amx-bf16"} <= detect_isa(host_target())[1],
                                 reason="this CPU has no AMX-BF16")
@@ -46,7 +49,8 @@ def test_bf16_model_matches_float32(name):
             x = x.to(torch.bfloat16)
         torch_bf16 = low(x)
     report: list = []
-    ex = tvm_roller.relax.compile(import_torch(low, x), host_target(), report)
+    ex = tvm_roller.relax.compile(import_torch(low, x), AMX_TARGET, report,
+                                  device_for(AMX_TARGET))
     assert not [e for e in report if e["fallback"]], [e["reason"] for e in report if e["fallback"]]
     amx = [e for e in report if (e.get("rtile") or {}).get("tensor_core", "").startswith("amx")]
     assert len(amx) >= 2, [(e["name"], e.get("rtile")) for e in report]
@@ -65,7 +69,8 @@ def test_bf16_conv_against_float64(k, stride, pad, groups):
     conv = torch.nn.Conv2d(9, 15, k, stride, pad, groups=groups, bias=True)
     conv = conv.to(torch.bfloat16).eval()
     x = torch.from_numpy(rng.uniform(-1, 1, (1, 9, 7, 13)).astype("float32")).to(torch.bfloat16)
-    ex = tvm_roller.relax.compile(import_torch(conv, x), host_target())
+    ex = tvm_roller.relax.compile(import_torch(conv, x), AMX_TARGET,
+                                  device=device_for(AMX_TARGET))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](_tensor(x))
     got = torch.from_numpy(out.numpy().view(np.int16)).view(torch.bfloat16).double()
     ref = torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(),

@@ -18,12 +18,13 @@ from tvm_roller.integrations.pytorch import import_torch
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
 from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass
 
-from conftest import cuda_target
+from conftest import TARGET as PINNED_TARGET, cuda_target, device
 
 pytest.importorskip("transformers")
-from tvm_roller.tools.examples import hf_models  # noqa: E402  (needs transformers)
+from harness.examples import hf_models  # noqa: E402  (needs transformers)
 
-TARGET = tvm_roller.hardware.normalize_target("llvm")
+# pinned (the preset model): the buckets planned are the same on every host
+TARGET = tvm_roller.hardware.normalize_target(PINNED_TARGET)
 
 
 def _compile(model, ids, longest: int, **kw):
@@ -32,7 +33,7 @@ def _compile(model, ids, longest: int, **kw):
     report = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
-        ex = rr.compile(mod, TARGET, report, **kw)
+        ex = rr.compile(mod, TARGET, report, device(), **kw)
     return relax.VirtualMachine(ex, tvm.cpu()), report
 
 

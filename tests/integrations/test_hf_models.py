@@ -18,12 +18,13 @@ from tvm_roller.planner import Context, schedule_function
 from tvm_roller.planner import scheduling as planner_scheduling
 from tvm_roller.integrations.pytorch import import_torch
 
-from conftest import rel_err
+from conftest import TARGET as PINNED_TARGET, device, rel_err
 
 pytest.importorskip("transformers")
-from tvm_roller.tools.examples import hf_models  # noqa: E402  (needs transformers)
+from harness.examples import hf_models  # noqa: E402  (needs transformers)
 
-TARGET = tvm_roller.hardware.normalize_target("llvm")
+# pinned (the preset model): the share of roller kernels is the same on every host
+TARGET = tvm_roller.hardware.normalize_target(PINNED_TARGET)
 
 
 def _compile_and_run(model, x, **kw):
@@ -31,7 +32,7 @@ def _compile_and_run(model, x, **kw):
     report, chains = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
-        ex = rr.compile(mod, TARGET, report, cache=False, chains=chains, **kw)
+        ex = rr.compile(mod, TARGET, report, device(), cache=False, chains=chains, **kw)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy()))
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
@@ -113,11 +114,11 @@ def test_failing_multi_operator_function_is_built_as_its_operators(monkeypatch):
     """A function with two matmuls roller fails on as a whole (e.g. a chain group) is
     un-grouped: its operators are scheduled one by one, not dropped to TVM's default."""
     from conftest import chain_inputs, chain_reference
-    from tvm_roller.tools.bench.chains import gemm_chain
+    from harness.bench.chains import gemm_chain
 
     func = gemm_chain([3], 37, 16, 29, 24, "softmax")
     hit = _inject(monkeypatch, lambda f: _reductions(f) >= 3)
-    res = schedule_function(func, Context.make(TARGET), "chain")
+    res = schedule_function(func, Context.make(TARGET, device()), "chain")
     new, entry = res.kernel, res.entry
     assert hit and new is not None
     assert entry.status == "roller" and entry.kind == "operators"

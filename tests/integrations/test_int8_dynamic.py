@@ -13,7 +13,10 @@ from tvm_roller.hardware import host_target
 from tvm_roller.backends.cpu.amx import has_int8_tiles
 from tvm_roller.integrations.relax.passes.quantize_dynamic import MIN_ROWS
 
+from conftest import AMX_TARGET, device_for
+
 pytestmark = pytest.mark.skipif(not has_int8_tiles(host_target()), reason="no AMX-INT8")
+_DEV = device_for(AMX_TARGET)  # planned for the pinned target, run where the host has AMX
 
 
 def _net(rows: int, k: int, n: int, w: np.ndarray) -> tvm.IRModule:
@@ -42,7 +45,7 @@ def test_gemm_layer_equals_quantized_product(rows, k, n):
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     report: list = []
-    ex = tvm_roller.relax.compile(_net(rows, k, n, w), host_target(), report, weights="int8")
+    ex = tvm_roller.relax.compile(_net(rows, k, n, w), AMX_TARGET, report, _DEV, weights="int8")
     amx = [e for e in report if (e.get("rtile") or {}).get("tensor_core", "").startswith("amx")]
     assert amx and all(not e["fallback"] for e in report), report
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
@@ -59,7 +62,7 @@ def test_few_rows_keep_the_group_kernels():
     rng = np.random.default_rng(2)
     w = rng.standard_normal((64, 64)).astype(np.float32)
     report: list = []
-    tvm_roller.relax.compile(_net(MIN_ROWS - 1, 64, 64, w), host_target(), report,
+    tvm_roller.relax.compile(_net(MIN_ROWS - 1, 64, 64, w), AMX_TARGET, report, _DEV,
                              weights="int8")
     assert not [e for e in report
                 if (e.get("rtile") or {}).get("tensor_core", "").startswith("amx")]
@@ -70,12 +73,13 @@ def test_bert_int8_close_to_float32():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import hf_models
+    from harness.examples import hf_models
 
     model, x = hf_models.MODELS["bert"]("small")
     with torch.no_grad():
         ref = model(x).double().flatten()
-    ex = tvm_roller.relax.compile(import_torch(model, x), host_target(), weights="int8")
+    ex = tvm_roller.relax.compile(import_torch(model, x), AMX_TARGET, device=_DEV,
+                                  weights="int8")
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     got = torch.from_numpy(out.numpy()).double().flatten()
     assert float(torch.dot(got, ref) / (got.norm() * ref.norm())) >= 0.99
@@ -91,7 +95,8 @@ def test_conv_equals_quantized_product(k, stride, pad):
     conv = torch.nn.Conv2d(9, 15, k, stride, pad, bias=True).eval()
     x = torch.randn(1, 9, 11, 13, generator=torch.Generator().manual_seed(k))
     report: list = []
-    ex = tvm_roller.relax.compile(import_torch(conv, x), host_target(), report, weights="int8")
+    ex = tvm_roller.relax.compile(import_torch(conv, x), AMX_TARGET, report, _DEV,
+                                  weights="int8")
     amx = [e for e in report if (e.get("rtile") or {}).get("tensor_core", "").startswith("amx")]
     assert amx and all(not e["fallback"] for e in report), report
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()

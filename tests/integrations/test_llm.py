@@ -26,10 +26,43 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(cfg).eval()
 
 
+_COMPILE_FACTS: dict = {}  # what the module fixture's one compile did (files, normalisations)
+
+
 @pytest.fixture(scope="module")
-def llama_lm():
+def llama_lm(tmp_path_factory):
+    """The module's one compile, with the cache directory pointed at an empty folder and the
+    target normalisations counted (``test_compile_writes_nothing_and_normalises_once``)."""
+    import os
+    from unittest import mock
+
+    from tvm_roller.hardware import target as hw_target
+
     model = _llama()
-    return model, llm.compile(model, max_seq_len=MAX_SEQ, cache=False)
+    empty = tmp_path_factory.mktemp("llm-cache")
+    calls: list = []
+    real = hw_target._complete
+    before = os.environ.get("TVM_ROLLER_CACHE")
+    os.environ["TVM_ROLLER_CACHE"] = str(empty)
+    try:
+        with mock.patch.object(hw_target, "_complete",
+                               lambda t: calls.append(t) or real(t)):
+            lm = llm.compile(model, max_seq_len=MAX_SEQ, cache=False)
+    finally:
+        if before is None:
+            os.environ.pop("TVM_ROLLER_CACHE")
+        else:
+            os.environ["TVM_ROLLER_CACHE"] = before
+    _COMPILE_FACTS.update(files=[p for p in empty.rglob("*") if p.is_file()],
+                          normalisations=list(calls))
+    return model, lm
+
+
+def test_compile_writes_nothing_and_normalises_once(llama_lm):
+    """llm.compile(cache=False) reads and writes nothing under the cache directory, and the
+    target is normalised once (prefill, decode and the weight checks share one Context)."""
+    assert _COMPILE_FACTS["files"] == []
+    assert len(_COMPILE_FACTS["normalisations"]) == 1, _COMPILE_FACTS["normalisations"]
 
 
 def _hf_greedy(model, ids, new):

@@ -19,6 +19,8 @@ from tvm_roller.backends.cpu.quant_format import FORMATS, dequantize, quantize, 
 from tvm_roller.backends.cpu.quant_linear import has_int8_dot  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 
+from conftest import VNNI_TARGET, device_for  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not has_int8_dot(host_target()),
                                 reason="this CPU has no AVX-512 VNNI")
 
@@ -57,7 +59,9 @@ def _dequantized(model, fmt: str):
                                                   ("qwen2", 128, 11)])
 def test_quantized_tokens_follow_the_dequantized_float64_model(fmt, family, vocab, prompt):
     model = _model(family, vocab)
-    lm = llm.compile(model, max_seq_len=48, weights=fmt, cache=False)
+    # planned for the pinned VNNI target (run where the host has VNNI)
+    lm = llm.compile(model, VNNI_TARGET, max_seq_len=48, weights=fmt,
+                     device=device_for(VNNI_TARGET), cache=False)
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(prompt))
     out = lm.generate(ids, 32)
     with torch.no_grad():

@@ -152,7 +152,7 @@ def test_constant_weights_are_packed_while_compiling(batch):
         assert bool(packed) != as_inputs, report
         assert all(e["name"].endswith("_prepacked") for e in packed)
         if not as_inputs:  # what runs: the packed kernels, no packing
-            from tvm_roller.tools.bench.measure import kernel_calls
+            from tvm_roller.tools.kernel_timing import kernel_calls
 
             ran = kernel_calls(relax.VirtualMachine(ex, tvm.cpu()),
                                tvm.runtime.tensor(x.numpy()), 1)
@@ -405,7 +405,8 @@ def test_wrong_kernel_is_caught_by_the_guard_and_falls_back(monkeypatch):
     report: list = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ex = rr.compile(import_torch(model, x), TARGET, report, cache=False, verify=True)
+        ex = rr.compile(import_torch(model, x), TARGET, report, device(), cache=False,
+                        verify=True)
     wrong = [e for e in report if e["fallback"] == "error"]
     assert wrong and all("WrongResultError" in e["reason"] for e in wrong)
     assert any(e["verified"].startswith("matches") for e in report)
@@ -434,7 +435,7 @@ def test_top_k_measured_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
     x = torch.from_numpy(rand((37, 96), seed=4))
     mod = import_torch(model, x)
     first: list = []
-    ex = rr.compile(mod, TARGET, first, measure_topk=3, fuse_chains=False)
+    ex = rr.compile(mod, TARGET, first, device(), measure_topk=3, fuse_chains=False)
     measured = [e for e in first if e["measured"]]
     assert measured and all(e["measured"].startswith("measured 3 candidates")
                             for e in measured if e["kind"] == "tiled")
@@ -449,7 +450,7 @@ def test_top_k_measured_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
     again: list = []
     with tvm.transform.PassContext(opt_level=3):
         tvm.compile(mod, target=tvm_roller.hardware.normalize_target(TARGET),
-                    relax_pipeline=get_pipeline(TARGET, again, cache=ScheduleCache(),
+                    relax_pipeline=get_pipeline(TARGET, again, device(), cache=ScheduleCache(),
                                                 measure_topk=3, fuse_chains=False))
     assert [e["measured"] for e in again if e["measured"]] and \
         all(e["measured"] == "measured before" for e in again if e["measured"])
@@ -483,7 +484,7 @@ def test_kernel_tvm_cannot_compile_falls_back_alone(monkeypatch, caplog):
     report: list = []
     with caplog.at_level(logging.WARNING), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ex = rr.compile(import_torch(model, x), TARGET, report, cache=False)
+        ex = rr.compile(import_torch(model, x), TARGET, report, device(), cache=False)
     assert any("building again with each kernel checked alone" in r.message
                for r in caplog.records)
     errors = [e for e in report if e["fallback"] == "error"]

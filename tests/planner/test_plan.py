@@ -11,7 +11,7 @@ import tvm_roller
 from tvm_roller.planner import lower, plan
 from tvm_roller.backends.registry import backend_for
 from tvm_roller.hardware import normalize_target
-from tvm_roller.tools.bench.chains import gemm_chain
+from harness.bench.chains import gemm_chain
 
 from conftest import TARGET, device
 

@@ -6,8 +6,9 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-from tvm_roller.hardware import host_target
 from tvm_roller.planner import Context, ScheduleOptions, schedule_function
+
+from conftest import TARGET, device
 
 
 def test_scalar_value_parameter_is_scheduled_and_exact():
@@ -16,7 +17,7 @@ def test_scalar_value_parameter_is_scheduled_and_exact():
     out = te.compute((1, 1, 14), lambda i, j, k: tirx.Cast("float32", s - 1) * a[i, j, k % 7],
                      name="o")
     func = te.create_prim_func([a, s, out])
-    ctx = Context.make(host_target())
+    ctx = Context.make(TARGET, device())
     res = schedule_function(func, ctx, "rope_angles", ScheduleOptions(), True)
     assert res.entry.status == "roller", res.entry.reason
     lib = tvm.compile(tvm.IRModule({"main": res.kernel.with_attr("global_symbol", "main")}),

@@ -17,15 +17,11 @@ from tvm_roller.tools.costcheck.dataset import Candidate
 from tvm_roller.tools.costcheck.report import build_report
 from tvm_roller.tools.costcheck.sample import random_tiles
 from tvm_roller.analysis.traffic import accumulator_registers, input_bytes, output_bytes
-from conftest import TARGET, assert_close, device, rand, run
+from conftest import TARGET, assert_close, device, matmul_func, rand, run
 
 
 def _gemm(m, n, k):
-    A = te.placeholder((m, k), name="A")
-    B = te.placeholder((k, n), name="B")
-    r = te.reduce_axis((0, k), "r")
-    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
-    return te.create_prim_func([A, B, C])
+    return matmul_func(m, n, k)
 
 
 def test_random_tiles_are_valid_distinct_and_deterministic():

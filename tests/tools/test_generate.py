@@ -12,7 +12,7 @@ from tvm_roller.tools.cli import main  # noqa: E402
 def test_generate_tiny_prints_tokens_and_speeds(capsys):
     import torch
 
-    from tvm_roller.tools.examples.llm_configs import build
+    from tvm_roller.tools.models.llm_configs import build
 
     assert main(["generate", "tiny", "--prompt-ids", "3,14,15,92,65", "--new-tokens", "6",
                  "--no-progress", "--no-cache"]) == 0

@@ -1,11 +1,12 @@
 """``tvm-roller profile-model``'s rows: each kernel measured against its bound, flagged with why."""
 from __future__ import annotations
 
+import pytest
 import tvm
 from tvm import relax
 
 import tvm_roller.relax as rr
-from tvm_roller.tools.bench.measure import fork_join_s
+from tvm_roller.tools.kernel_timing import fork_join_s
 from tvm_roller.tools.profile_model import KernelRow, _flag, format_profile, profile
 
 from conftest import TARGET
@@ -37,6 +38,7 @@ def test_flag_says_why():
     assert "left to TVM's default" in fb and "gather" in fb
 
 
+@pytest.mark.alone  # it times the kernels and the thread pool's fork-join
 def test_profile_of_a_small_model_matches_its_report():
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((67, 129), "float32"))

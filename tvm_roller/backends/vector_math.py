@@ -47,6 +47,15 @@ def _i32(v: int) -> tirx.PrimExpr:
     return tirx.const(v, _I32)
 
 
+def _float32_only(x: tirx.PrimExpr) -> None:
+    """The constants and bit tricks here are float32's: another type would be computed at
+    float32's precision (and a float64's exponent bits misread), so it is refused."""
+    dtype = getattr(x, "dtype", None)  # a TE tensor element has one, an expression a type
+    dtype = str(dtype if dtype is not None else getattr(getattr(x, "ty", None), "dtype", ""))
+    if dtype != _F32:
+        raise TypeError(f"vector_math builds float32 expressions, not {dtype or type(x).__name__}")
+
+
 def _horner(coeffs, s: tirx.PrimExpr) -> tirx.PrimExpr:
     """sum(coeffs[k] * s**k) (ascending powers)."""
     acc = _f32(coeffs[-1])
@@ -97,6 +106,7 @@ def _exp_clamped(xc: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """exp of a float32 TIR expression (inf above 88.72, gradual underflow to 0, NaN -> NaN)."""
+    _float32_only(x)
     xc = tirx.max(tirx.min(x, _f32(_EXP_HI)), _f32(_EXP_LO))
     return _nan_passes(x, _exp_clamped(xc))
 
@@ -111,6 +121,7 @@ _TANH_CLAMP = 10.0  # tanh(10) = 1 - 4e-9: 1 in float32
 
 def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """tanh of a float32 TIR expression (relative accuracy near 0, ±1 beyond |x| ~ 9)."""
+    _float32_only(x)
     ax = tirx.abs(x)
     x2 = x * x
     small = x * (_f32(1.0) + x2 * _horner(_TANH_Q, x2))  # x * (...): keeps the sign of -0
@@ -123,6 +134,7 @@ def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
 # -- sigmoid ----------------------------------------------------------------------------------------
 def sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """1 / (1 + exp(-x)) of a float32 TIR expression, relatively accurate for x << 0 too."""
+    _float32_only(x)
     e = exp(-tirx.abs(x))  # NaN: e is NaN, and so is the quotient
     return tirx.Select(x < _f32(0.0), e, _f32(1.0)) / (_f32(1.0) + e)
 
@@ -140,6 +152,7 @@ _ERF_CLAMP = 3.9
 
 def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """The rational erf of a float32 TIR expression."""
+    _float32_only(x)
     lim = _f32(_ERF_CLAMP)
     xc = tirx.max(tirx.min(x, lim), -lim)
     s = xc * xc

@@ -1,5 +1,5 @@
 """The stage between a chain's two matmuls as TE: what the fusion model rebuilds a chain from
-(``fusion.operators``) and what the benchmark chains put there (``tools.bench.chains``)."""
+(``fusion.operators``) and what the benchmark chains put there (``harness.bench.chains``)."""
 from __future__ import annotations
 
 MIDDLE = ("none", "relu", "gelu", "softmax")

@@ -133,7 +133,12 @@ def target_completion_notes(target: TargetLike) -> List[str]:
     return _complete(target)[1]
 
 
+#: the target of the machine roller runs on, before completion: what a function given no
+#: target plans for (made into a Context, the one normalisation, at the edge)
+HOST_TARGET = "llvm"
+
+
 def host_target() -> Target:
     """The target of the machine roller runs on (an llvm target completed from the host): the
     default wherever a command or function is given none."""
-    return normalize_target("llvm")
+    return normalize_target(HOST_TARGET)

@@ -36,9 +36,10 @@ from tvm_roller.cache.files import atomic_write
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.intrin_import import import_tensor_intrin
 from tvm_roller.core.types import TargetLike
-from tvm_roller.hardware import DeviceModel, host_target, normalize_target
+from tvm_roller.hardware import HOST_TARGET, DeviceModel, normalize_target
 from tvm_roller.integrations.relax.pipeline import fusion_passes
-from tvm_roller.planner import Context, apply, is_scheduled, plan_prepared, prepare
+from tvm_roller.planner import (Context, context_for, is_scheduled, schedule_candidates,
+                                summarise)
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +76,12 @@ def _is_relax(mod: tvm.IRModule) -> bool:
 
 
 def fused_module(mod: tvm.IRModule, target: Union[TargetLike, Context]) -> tvm.IRModule:
-    """The Relax module after roller's fusion passes: its PrimFuncs are the tasks."""
-    ctx = Context.make(target)
+    """The Relax module after roller's fusion passes (as the Relax pipeline fuses for the
+    context's options): its PrimFuncs are the tasks."""
+    ctx = context_for(target)
+    chains = ctx.fuse_chains and ctx.backend.traceable_chains
     with ctx.target:  # LegalizeOps picks target-specific legalizations
-        return fusion_passes(gemm_chains=ctx.backend.traceable_chains, device=ctx.device)(mod)
+        return fusion_passes(ctx.fast_math, chains, ctx.device, None, ctx.conv_layouts)(mod)
 
 
 def extract_tasks(mod: Union[ModLike, "relax.Function"],
@@ -192,7 +195,8 @@ def _ffi_mutator_apply(mutator: ms.mutator.Mutator, trace, rand_state: int):
 
 
 def search_space(stats: Optional[Dict[str, int]] = None,
-                 target: Optional[TargetLike] = None) -> ms.space_generator.PostOrderApply:
+                 target: Union[TargetLike, Context, None] = None
+                 ) -> ms.space_generator.PostOrderApply:
     """MetaSchedule's default search space for ``target``'s backend (default: the host) with
     ``MutateTileSize`` replay-checked.
 
@@ -202,7 +206,9 @@ def search_space(stats: Optional[Dict[str, int]] = None,
     the counts of checked and rejected mutations.
     """
     probs = {}
-    kind = backend_for(host_target() if target is None else normalize_target(target)).tuning_kind
+    backend = target.backend if isinstance(target, Context) else \
+        backend_for(normalize_target(HOST_TARGET if target is None else target))
+    kind = backend.tuning_kind
     for mutator, prob in ms.Mutator.create(kind).items():
         if isinstance(mutator, ms.mutator.MutateTileSize):
             if stats is not None:
@@ -362,30 +368,26 @@ class _Candidate:
 
 
 def _plan_candidates(tasks: Sequence[Task], ctx: Context, topk: int,
-                     declined: List[Dict[str, str]], failed: List[Dict[str, Any]]
-                     ) -> List[_Candidate]:
+                     declined: List[Dict[str, str]], failed: List[Dict[str, Any]],
+                     report: Optional[list]) -> List[_Candidate]:
+    """Each task's top-k traceable schedules through the planner's one path
+    (``schedule_candidates``: the size check, un-grouping, the report entry)."""
     cands: List[_Candidate] = []
+    entries = []
     for task in tasks:
-        func = task.workload["main"]
-        try:
-            p = plan_prepared(prepare(func, ctx), topk)
-        except UnsupportedError as err:
-            declined.append({"name": task.name, "reason": str(err)})
-            logger.warning("roller declined %s: %s", task.name, err)
-            continue
-        for rank, tile in enumerate(p.tiles):
-            try:
-                sch = apply(p, tile, traceable=True)
-                # The database replays every trace when it is loaded: a trace that doesn't replay
-                # on the workload would make the whole JSONDatabase unreadable.
-                check = tvm.s_tir.Schedule(task.workload)
-                tvm.s_tir.Trace.apply_json_to_schedule(sch.trace.as_json(), check)
-            except (UnsupportedError, RuntimeError) as err:
-                failed.append({"name": task.name, "rank": rank, "stage": "schedule",
-                               "error": str(err).strip().splitlines()[-1]})
-                logger.warning("roller's schedule #%d of %s failed: %s", rank, task.name, err)
-                continue
-            cands.append(_Candidate(task, rank, sch, tile.predicted_s))
+        res = schedule_candidates(task.workload["main"], ctx, task.name, topk)
+        entries.append(res.entry)
+        if not res.schedules:
+            declined.append({"name": task.name, "reason": res.entry.reason})
+            logger.warning("roller declined %s: %s", task.name, res.entry.reason)
+        for rank, reason in res.failed:
+            failed.append({"name": task.name, "rank": rank, "stage": "schedule",
+                           "error": reason})
+            logger.warning("roller's schedule #%d of %s failed: %s", rank, task.name, reason)
+        cands += [_Candidate(task, c.rank, c.schedule, c.predicted_s) for c in res.schedules]
+    summarise(entries)
+    if report is not None:
+        report.extend(e.to_dict() for e in entries)
     return cands
 
 
@@ -430,7 +432,8 @@ def _measure(cands: Sequence[_Candidate], target, builder, runner,
 def tune(mod: Union[ModLike, "relax.Function"], target: TargetLike,
          work_dir: Union[str, os.PathLike], topk: int = 1, measure: bool = False,
          runner: Optional[ms.runner.Runner] = None, builder: Optional[ms.builder.Builder] = None,
-         device: Optional[DeviceModel] = None) -> ms.database.JSONDatabase:
+         device: Optional[DeviceModel] = None,
+         report: Optional[list] = None) -> ms.database.JSONDatabase:
     """Write roller's top-k schedules of every PrimFunc in ``mod`` as MetaSchedule tuning records.
 
     ``mod``: a PrimFunc, an IRModule of PrimFuncs, or a Relax IRModule (its tasks are the PrimFuncs
@@ -440,11 +443,13 @@ def tune(mod: Union[ModLike, "relax.Function"], target: TargetLike,
     MetaSchedule's ``builder``/``runner`` (default: a LocalBuilder without the tensor-intrinsic
     import and a LocalRunner; pass ``ms.runner.RPCRunner`` for a remote device) and only measured
     times are recorded. Functions roller declines and failed builds/runs are logged and listed
-    in ``work_dir/roller_database.json`` (``read_manifest``), never recorded.
+    in ``work_dir/roller_database.json`` (``read_manifest``), never recorded. ``report`` (a
+    list) gets each task's entry (:class:`~tvm_roller.planner.FuncReport`), as a Relax compile
+    reports its functions. ``target`` may be a :class:`~tvm_roller.planner.Context`.
     """
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    ctx = Context.make(target, device)  # UnsupportedError: no backend
+    ctx = context_for(target, device)  # UnsupportedError: no backend
     tgt = ctx.target
     tasks = extract_tasks(mod, ctx)
     work_dir = _prepare_work_dir(work_dir)
@@ -453,7 +458,7 @@ def tune(mod: Union[ModLike, "relax.Function"], target: TargetLike,
 
     declined: List[Dict[str, str]] = []
     failed: List[Dict[str, Any]] = []
-    cands = _plan_candidates(tasks, ctx, topk, declined, failed)
+    cands = _plan_candidates(tasks, ctx, topk, declined, failed, report)
     if measure:
         timed = _measure(cands, tgt, builder, runner, failed)
     else:
@@ -561,7 +566,7 @@ def tune_seeded(mod: Union[ModLike, "relax.Function"], target: TargetLike,
     _check_notebook_deps()
     builder = builder if builder is not None else default_builder()
     runner = runner if runner is not None else default_runner()
-    ctx = Context.make(target, device)
+    ctx = context_for(target, device)
     tgt = ctx.target
     db = tune(mod, ctx, work_dir, topk=topk, measure=True, runner=runner, builder=builder)
     work_dir = os.path.abspath(os.fspath(work_dir))
@@ -569,7 +574,7 @@ def tune_seeded(mod: Union[ModLike, "relax.Function"], target: TargetLike,
         cost_model = default_cost_model(num_tuning_cores=num_tuning_cores)
     stats: Dict[str, int] = {}
     if space is None:
-        space = search_space(stats, tgt)
+        space = search_space(stats, ctx)
     fed = warm_cost_model(cost_model, db, extract_tasks(mod, ctx), tgt)
     logger.info("cost model trained on %d measured record(s) before tuning", fed)
     if isinstance(mod, relax.Function):

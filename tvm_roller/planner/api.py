@@ -1,7 +1,8 @@
 """The public functions: ``plan``, ``schedule``, ``build`` and ``explain``, for static functions
 and functions with symbolic extents alike (``tvm_roller.plan`` and so on).
 
-Each makes the call's :class:`Context` (the target normalised once) and goes through the one
+Each makes the call's :class:`Context` (the target normalised once; a Context given as the
+target is used as it is) and goes through the one
 planner: ``prepare`` / ``plan_prepared`` / ``lower``, the bucket planner for symbolic extents,
 and ``schedule_function``'s one fallback path. ``cache``: a
 :class:`~tvm_roller.cache.ScheduleCache` to take tiles from and store them in (default: none).
@@ -21,7 +22,7 @@ from tvm_roller.core.inputs import unwrap_func
 from tvm_roller.core.types import TargetLike
 from tvm_roller.hardware import DeviceModel, complete_target
 from tvm_roller.planner.buckets import Bounds, plan_dynamic
-from tvm_roller.planner.context import Context
+from tvm_roller.planner.context import Context, context_for
 from tvm_roller.planner.explain import explain_dynamic, explain_plan
 from tvm_roller.planner.lower import apply
 from tvm_roller.planner.plan import Plan, plan_prepared
@@ -35,7 +36,7 @@ Buckets = Optional[Mapping[str, Sequence[int]]]
 def plan(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None,
          cache: Optional[ScheduleCache] = None) -> Plan:
     """Analyse ``func`` and construct its top-k rTiles (no TVM scheduling yet)."""
-    return plan_prepared(prepare(func, Context.make(target, device, cache)), topk)
+    return plan_prepared(prepare(func, _context(target, device, cache)), topk)
 
 
 def schedule(func, target: TargetLike, topk: int = 1, device: Optional[DeviceModel] = None,
@@ -60,9 +61,12 @@ def build(func, target: TargetLike, fallback: bool = False,
     one by one when it has several, else with TVM's default lowering (dlight's rules on a
     GPU), and a :class:`FallbackWarning` gives the reason; without, the reason is raised.
     """
-    tgt, notes = complete_target(target)  # UnsupportedError for an invalid target
+    given = isinstance(target, Context)
+    # UnsupportedError for an invalid target; the target is normalised here, the one time
+    tgt, notes = (target.target, ()) if given else complete_target(target)
     try:
-        ctx = Context.for_target(tgt, notes, device, cache)
+        ctx = _context(target, device, cache) if given else \
+            Context.for_target(tgt, notes, device, cache)
         prim = unwrap_func(func)
     except UnsupportedError as err:
         # no backend or device model for the target, or a module of several functions: TVM's
@@ -100,7 +104,7 @@ def explain(func, target: TargetLike, device: Optional[DeviceModel] = None, topk
     """Human-readable account of the construction: rTiles per level, alignment, prediction; a
     function planned as parts, why, and each part's plan; a function with symbolic extents,
     its buckets, each bucket's tile and the largest bucket's plan in full."""
-    ctx = Context.make(target, device, cache)
+    ctx = _context(target, device, cache)
     prim = _one_prim_func(func)
     if prim is not None and symbolic.is_symbolic(prim):
         return explain_dynamic(plan_dynamic(prim, ctx, bounds, buckets))
@@ -114,3 +118,9 @@ def _one_prim_func(func):
         return unwrap_func(func)
     except UnsupportedError:
         return None
+
+
+def _context(target, device: Optional[DeviceModel], cache: Optional[ScheduleCache]) -> Context:
+    """The call's context: ``target`` normalised, or a Context taken as it is (``cache`` set
+    when given)."""
+    return context_for(target, device, **({} if cache is None else {"cache": cache}))

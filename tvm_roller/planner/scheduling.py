@@ -1,7 +1,8 @@
 """Scheduling one function, with the one decline / error / un-group / fallback path.
 
 ``schedule_function`` is what every integration calls for each function (``build``, the Relax
-pipeline, dlight): it returns roller's kernel (or None: leave the function to TVM's default) and
+pipeline, dlight; MetaSchedule calls ``schedule_candidates``, the same path for its top-k
+traceable schedules): it returns roller's kernel (or None: leave the function to TVM's default) and
 the function's report entry. It never raises for a failure inside roller: a function roller
 declines (``UnsupportedError``: a reason) or fails on (any other error: a defect, reported with
 its type and message) is left to TVM's default, except one holding several operators (a matmul
@@ -26,7 +27,9 @@ from tvm_roller.core.errors import UnsupportedError, WrongResultError, first_lin
 from tvm_roller.fusion import split
 from tvm_roller.planner.buckets import lower_dynamic, plan_dynamic
 from tvm_roller.planner.context import Context
-from tvm_roller.planner.lower import plan_and_lower
+from tvm_roller.planner.lower import APPLY_ERRORS, lower, plan_and_lower
+from tvm_roller.planner.plan import plan_prepared
+from tvm_roller.planner.prepare import prepare
 from tvm_roller.planner.report import FuncReport
 from tvm_roller.planner.roofline import Bound, bound, bound_of
 from tvm_roller.planner.verify import verify
@@ -86,6 +89,70 @@ def schedule_function(func: tirx.PrimFunc, ctx: Context, name: str = "main",
     if res.entry.bound_s is None:  # left to TVM's default, or built as its operators
         _set_bound(res.entry, bound_of(func, ctx))
     return res
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One traceable schedule of a function (a MetaSchedule record): its rank among the planned
+    tiles and the micro-model's predicted time."""
+
+    rank: int
+    schedule: s_tir.Schedule
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A function's top-k traceable schedules, best first (empty when roller declined or failed:
+    ``error`` says why), the ranks that gave no trace replaying on the function (rank, reason),
+    and the function's report entry."""
+
+    schedules: Tuple[Candidate, ...]
+    entry: FuncReport
+    failed: Tuple[Tuple[int, str], ...] = ()
+    error: Optional[BaseException] = None
+
+
+def schedule_candidates(func: tirx.PrimFunc, ctx: Context, name: str = "main",
+                        topk: int = 1) -> Candidates:
+    """The top-k schedules of ``func`` as traces (what MetaSchedule records hold), through the
+    one path: the size check, the plan, each tile lowered ``traceable`` and its trace replayed
+    on ``func`` (a database replays every record when loaded), the report entry. A matmul chain
+    roller does not fuse is un-grouped into one trace of its operators in turn (``lower``); a
+    function roller declines or fails on gets the fallback entry, never an exception."""
+    try:
+        _check_size(func)
+        p = plan_prepared(prepare(func, ctx), topk)
+        found: List[Candidate] = []
+        failed: List[Tuple[int, str]] = []
+        for rank, tile in enumerate(p.tiles):
+            try:
+                sch = lower(p, tile, traceable=True).schedule
+                _check_size(sch.mod["main"])
+                s_tir.Trace.apply_json_to_schedule(sch.trace.as_json(), s_tir.Schedule(func))
+            except (UnsupportedError,) + APPLY_ERRORS as err:
+                failed.append((rank, f"{type(err).__name__}: {first_lines(err)}"))
+                continue
+            found.append(Candidate(rank, sch, tile.predicted_s))
+        if not found:
+            raise UnsupportedError(f"none of the {len(p.tiles)} planned tiles gives a trace that "
+                                   f"replays: {failed[0][1]}")
+        top = p.tiles[found[0].rank]
+        fusion = "" if p.fusion is None else \
+            f"{'fused' if p.fusion.fuse else 'unfused'}: {p.fusion.reason}"
+        entry = FuncReport(name, "roller", top.kind, top.to_dict(), top.predicted_s,
+                           cached=p.from_cache, fusion=fusion)
+        entry.facts = _facts(found[0].schedule.mod["main"], ctx)
+        _set_bound(entry, bound(p.decomposed.whole if p.decomposed else p.analysis, ctx.device))
+        return Candidates(tuple(found), entry, tuple(failed))
+    except UnsupportedError as err:
+        entry, error = FuncReport(name, "fallback", reason=str(err), fallback="decline"), err
+    except Exception as err:  # noqa: BLE001  (reported as a roller error, never swallowed)
+        reason = f"{type(err).__name__}: {first_lines(err)}"
+        logger.warning("tvm_roller: error planning %s's candidates: %s", name, reason)
+        entry, error = FuncReport(name, "fallback", reason=reason, fallback="error"), err
+    _set_bound(entry, bound_of(func, ctx))
+    return Candidates((), entry, (), error)
 
 
 def _kernel(name: str, func: tirx.PrimFunc, ctx: Context, options: ScheduleOptions

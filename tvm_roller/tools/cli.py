@@ -24,14 +24,45 @@ def _target(s: Optional[str]) -> Any:
 def _cmd_suite(args: argparse.Namespace) -> int:
     """Construct, build, check and time every workload of TVM's te_workload suite (13 classes x
     4 shapes) and compare with PyTorch, numpy, TVM's unscheduled build and the shared
-    MetaSchedule-tuned records. Exit status 1 if any workload failed or was wrong."""
-    from tvm_roller.tools.suite import workloads
-    from tvm_roller.tools.suite.runner import run_suite
+    MetaSchedule-tuned records. --save-run FILE stores the run (per workload roller's and
+    PyTorch's times and their ratio, medians of --rounds rounds; the machine class, target, date,
+    commit); --compare-to FILE compares each workload's ratio to PyTorch with a stored run and
+    flags a ratio more than 15% below the stored one. Exit status 1 if any workload failed or was
+    wrong or flagged; 2 on bad arguments or a stored run of another machine class or target
+    (without --force)."""
+    from tvm_roller.tools.suite import compare, runs, workloads
+    from tvm_roller.tools.suite.runner import resolve_target, run_suite
 
     workloads.list_workloads(args.ops)  # validate before the heavy imports
-    records = run_suite(ops=args.ops, target=_target(args.target), json_out=args.json,
-                        repeat=args.repeat, peers=not args.no_peers)
-    return 0 if records and all(r["ok"] for r in records) else 1
+    stored_mode = bool(args.save_run or args.compare_to)
+    rounds = args.rounds if args.rounds is not None else (runs.MIN_ROUNDS if stored_mode else 1)
+    if stored_mode and rounds < runs.MIN_ROUNDS:
+        raise ValueError(f"--save-run / --compare-to need --rounds >= {runs.MIN_ROUNDS}")
+    if stored_mode and args.no_peers:
+        raise ValueError("--save-run / --compare-to compare with PyTorch: drop --no-peers")
+    target = resolve_target(_target(args.target))
+    stored = runs.load_run(runs.resolve_path(args.compare_to)) if args.compare_to else None
+    if stored is not None:
+        why = compare.mismatch(stored, runs.host_machine(), str(target))
+        if why and not args.force:
+            print(f"tvm-roller suite: refusing to compare with {args.compare_to}: {why} "
+                  f"(--force compares anyway)", file=sys.stderr)
+            return 2
+        if why:
+            print(f"warning: comparing across machine classes or targets: {why}")
+    records = run_suite(ops=args.ops, target=target, json_out=args.json, repeat=args.repeat,
+                        peers=not args.no_peers, rounds=rounds, wait_quiet_s=args.wait_quiet)
+    status = 0 if records and all(r["ok"] for r in records) else 1
+    if not stored_mode:
+        return status
+    now = runs.make_run(records, str(target), rounds, args.repeat)
+    if args.save_run:
+        print(f"stored the run in {runs.save_run(now, args.save_run)}")
+    if stored is not None:
+        result = compare.compare_runs(stored, now)
+        print(compare.format_comparison(result, stored))
+        status = 1 if result.flagged else status
+    return status
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -44,11 +75,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     import tvm_roller
-    from tvm_roller.hardware import host_target
-    from tvm_roller.tools.suite import workloads
-
     from tvm_roller.hardware import preset
-    from tvm_roller.tools.suite import gpu_workloads
+    from tvm_roller.planner import Context
+    from tvm_roller.tools.suite import gpu_workloads, workloads
 
     device = preset(args.device) if args.device else None
     if args.op.upper().startswith("HGEMM"):  # the fp16 GEMMs of the CUDA checks
@@ -56,11 +85,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         funcs = [(workloads.workload_name(c, i), workloads.create(c, i))
                  for c, i in workloads.list_workloads(args.op)]
-    target = _target(args.target) or host_target()
+    ctx = Context.make(_target(args.target) or "llvm", device)  # one for every workload
     for name, func in funcs:
         if len(funcs) > 1:
             print(f"== {name} ==")
-        print(tvm_roller.explain(func, target, device=device))
+        print(tvm_roller.explain(func, ctx))
     return 0
 
 
@@ -86,7 +115,7 @@ def _cmd_compile_model(args: argparse.Namespace) -> int:
 
 def _cmd_profile_model(args: argparse.Namespace) -> int:
     """Compile a model with roller's Relax pipeline (MODEL: MODULE:FACTORY, or hf:NAME for an
-    architecture of tvm_roller.tools.examples.hf_archs), time every kernel inside the model
+    architecture of tvm_roller.tools.models.hf_archs), time every kernel inside the model
     with the Relax VM instrument and print it against its roofline lower bound (FLOPs at the
     calibrated peak, bytes at the bandwidth of the level the data lives in) and roller's
     prediction; a kernel 10x its bound or more that takes >= 50 us or >= 1% of the model's
@@ -100,15 +129,16 @@ def _cmd_profile_model(args: argparse.Namespace) -> int:
     from tvm_roller.integrations.pytorch import import_torch
     from tvm_roller.planner import Context
     from tvm_roller.tools.compile_model import load_model
-    from tvm_roller.tools.bench.measure import fork_join_s
+    from tvm_roller.tools.kernel_timing import fork_join_s
     from tvm_roller.tools.profile_model import format_profile, profile
 
     model, x = load_model(args.model, args.input_shape, args.batch)
     ctx = Context.make(_target(args.target) or "llvm")
     report: list = []
     ex = roller_relax.compile(import_torch(model, x), ctx, report, cache=not args.no_cache)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    rows = profile(vm, tvm.runtime.tensor(x.numpy()), report, calls=args.calls,
+    dev = ctx.runtime_device()
+    vm = relax.VirtualMachine(ex, dev)
+    rows = profile(vm, tvm.runtime.tensor(x.numpy(), dev), report, calls=args.calls,
                    fork_join_s=fork_join_s(ctx.target, ctx.device.num_units))
     print(f"{args.model}, input {tuple(x.shape)}, target {ctx.target}")
     print(format_profile(rows, top=args.top))
@@ -200,6 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="OUT", default=None, help="write one JSON object per workload")
     s.add_argument("--no-peers", action="store_true", help="time roller's kernels only")
     s.add_argument("--repeat", type=int, default=5, help="timing repeats (median; default 5)")
+    s.add_argument("--rounds", type=int, default=None,
+                   help="time roller's kernel and PyTorch's alternately this many times per "
+                        "workload (medians; default 1, or 3 with --save-run / --compare-to, "
+                        "which need >= 3)")
+    s.add_argument("--save-run", metavar="FILE", default=None,
+                   help="store the run for a later --compare-to: per workload roller's and "
+                        "PyTorch's times and their ratio, with the machine class (CPU model, "
+                        "CPU count), target, date, git commit and version")
+    s.add_argument("--compare-to", metavar="FILE", default=None,
+                   help="compare each workload's ratio to PyTorch with a run stored by "
+                        "--save-run ('shipped': this machine class's run in "
+                        "tvm_roller/tools/suite/data/runs); flags a ratio < 0.85x the stored "
+                        "one (exit status 1); refuses another machine class or target")
+    s.add_argument("--force", action="store_true",
+                   help="with --compare-to: compare even across machine classes or targets")
+    s.add_argument("--wait-quiet", metavar="S", type=float, default=0.0,
+                   help="before each workload wait up to S seconds until other processes leave "
+                        "the CPUs, and time a workload they disturbed again (up to 2 more "
+                        "times); for stored runs on a shared machine (default 0: off)")
     s.set_defaults(fn=_cmd_suite)
 
     c = sub.add_parser("calibrate", help="measure the device model roller plans with and print it")
@@ -216,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("compile-model", help="compile a PyTorch model through Relax with roller",
                        description=_described(_cmd_compile_model))
-    m.add_argument("model", help="MODULE:FACTORY (e.g. tvm_roller.tools.examples.models:"
-                                 "bert_layer) or hf:NAME (tvm_roller.tools.examples.hf_archs)")
+    m.add_argument("model", help="MODULE:FACTORY (e.g. harness.examples.models:bert_layer, "
+                                 "python/ on PYTHONPATH) or hf:NAME "
+                                 "(tvm_roller.tools.models.hf_archs)")
     m.add_argument("--input-shape", default=None,
                    help="comma-separated input shape, e.g. 1,128,768 (default: the module's "
                         "INPUT_SHAPES entry)")

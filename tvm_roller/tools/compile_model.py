@@ -41,7 +41,7 @@ class ModelResult:
 def load_factory(spec: str) -> Tuple[Callable, str, str]:
     """``MODULE:FACTORY`` -> (factory, module name, factory name); ValueError when malformed."""
     if spec.count(":") != 1 or not all(spec.split(":")):
-        raise ValueError(f"expected MODULE:FACTORY (e.g. tvm_roller.tools.examples.models:mlp), got {spec!r}")
+        raise ValueError(f"expected MODULE:FACTORY (e.g. harness.examples.models:mlp), got {spec!r}")
     mod_name, fn_name = spec.split(":")
     try:
         module = importlib.import_module(mod_name)
@@ -61,13 +61,13 @@ def default_input_shape(mod_name: str, fn_name: str) -> Optional[Tuple[int, ...]
 
 def load_model(spec: str, input_shape: Optional[str] = None, batch: int = 1):
     """``(module, example input)`` of a model spec: ``hf:NAME`` (an architecture of
-    :mod:`tvm_roller.tools.examples.hf_archs`, random weights) or ``MODULE:FACTORY`` (its input
+    :mod:`tvm_roller.tools.models.hf_archs`, random weights) or ``MODULE:FACTORY`` (its input
     shape from ``input_shape`` "1,128,768" or the module's ``INPUT_SHAPES``). ValueError when
     the spec or the shape is malformed."""
     import torch
 
     if spec.startswith("hf:"):
-        from tvm_roller.tools.examples import hf_archs
+        from tvm_roller.tools.models import hf_archs
 
         name = spec[3:]
         if name not in hf_archs.ARCHS:

@@ -21,14 +21,14 @@ class GenerateResult:
 
 
 def load_causal_lm(name: str):
-    """A named configuration (``tools.examples.llm_configs``) or a local HF directory."""
+    """A named configuration (``tools.models.llm_configs``) or a local HF directory."""
     import os
 
     if os.path.isdir(name):
         import transformers
 
         return transformers.AutoModelForCausalLM.from_pretrained(name).eval()
-    from tvm_roller.tools.examples.llm_configs import build
+    from tvm_roller.tools.models.llm_configs import build
 
     return build(name)[0]
 

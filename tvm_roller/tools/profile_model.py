@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-from tvm_roller.tools.bench.measure import kernel_calls
+from tvm_roller.tools.kernel_timing import kernel_calls
 
 #: a kernel this many times its roofline bound or more is flagged (when it matters)
 FLAG_RATIO = 10.0

@@ -11,7 +11,7 @@ from tvm_roller.backends.cpu import chain_plan
 from tvm_roller.backends.cpu.chain_plan import FUSE_MARGIN
 from tvm_roller.fusion import split
 from tvm_roller.fusion.chain import detect_chain
-from tvm_roller.tools.bench.chains import gemm_chain
+from harness.bench.chains import gemm_chain
 from tvm_roller.tools.suite import workloads as W
 
 from conftest import (CHAIN_CASES, TARGET, assert_close, chain_inputs, chain_reference,
@@ -90,7 +90,7 @@ def test_relax_bert_layer_chains(seq):
     from tvm import relax
 
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     model = models.bert_layer()
     x = torch.randn(1, seq, 768)
@@ -118,7 +118,7 @@ def test_relax_bert_layer_chains(seq):
 @pytest.mark.parametrize("shape", [(1, 9, 7, 5, 6, 3), (2, 5, 1, 3, 4, 1)])
 def test_conv_chain_fused_and_unfused(shape):
     """3x3 conv (padding 1) -> ReLU -> 1x1 conv, NHWC, odd and size-1 shapes; both kernels."""
-    from tvm_roller.tools.bench.chains import conv_chain
+    from harness.bench.chains import conv_chain
 
     n, h, w, ci, cm, co = shape
     func = conv_chain(*shape)
@@ -295,7 +295,7 @@ def test_relax_chain_whose_plan_fails_is_kept_apart_and_reported(monkeypatch):
 
     from tvm_roller.backends.registry import backend_for
     from tvm_roller.integrations.pytorch import import_torch
-    from tvm_roller.tools.examples import models
+    from harness.examples import models
 
     rule = backend_for(tvm_roller.hardware.normalize_target(TARGET)).chain_rule
 

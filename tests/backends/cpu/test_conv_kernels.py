@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 
 import tvm_roller
-from tvm_roller.tools.examples.fused_funcs import channels_last_conv
+from harness.examples.fused_funcs import channels_last_conv
 from conftest import F32_TOL_LONG, TARGET, assert_close, conv_nlc, device, rand, run
 
 

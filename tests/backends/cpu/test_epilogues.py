@@ -10,7 +10,7 @@ import pytest
 from tvm import relax
 
 import tvm_roller
-from tvm_roller.tools.examples.fused_funcs import fused_prim_func
+from harness.examples.fused_funcs import fused_prim_func
 from conftest import F32_TOL_LONG, TARGET, assert_close, conv_nlc, device, rand, run
 
 

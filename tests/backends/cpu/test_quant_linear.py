@@ -16,6 +16,8 @@ from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, has_int8_do
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import host_target
 
+from conftest import TARGET, VNNI_TARGET, device, device_for
+
 pytestmark = pytest.mark.skipif(not has_int8_dot(host_target()),
                                 reason="this CPU has no AVX-512 VNNI")
 
@@ -109,7 +111,8 @@ def test_relax_compile_quantizes_constant_weights_and_declines_odd_shapes(fmt):
     x = torch.randn(3, 5, 96)
     mod = from_exported_program(torch.export.export(net, (x,)))
     report: list = []
-    ex = tvm_roller.relax.compile(mod, host_target(), report=report, weights=fmt, cache=False)
+    ex = tvm_roller.relax.compile(mod, VNNI_TARGET, report=report, device=device_for(VNNI_TARGET),
+                                  weights=fmt, cache=False)
     out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](_t(x.numpy()))
     out = out[0] if not hasattr(out, "numpy") else out
     f = FORMATS[fmt]
@@ -157,7 +160,7 @@ def test_dequantizing_gemv_through_the_planner():
                 y[vi, vr] = y[vi, vr] + x[vi, vg * 32 + vj] * (
                     T.Cast("float32", q[vr, vg * 32 + vj]) * s[vr, vg])
 
-    lib = tvm_roller.build(gemv, host_target())
+    lib = tvm_roller.build(gemv, TARGET, device=device())
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, k)).astype("float32")
     q = rng.integers(-127, 128, (n, k)).astype("int8")

@@ -110,7 +110,6 @@ def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
     import tvm
     from tvm import te
 
-    from tvm_roller.hardware import host_target
     from tvm_roller.planner import Context, ScheduleOptions, schedule_function
 
     x = te.placeholder((1, 1, k), name="x")
@@ -122,7 +121,7 @@ def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
         outs = [te.compute((1, 1, rows), lambda i, j, n: te.sigmoid(y[i, j, n]) * y[i, j, n],
                            name="z")]
     func = te.create_prim_func([x, w, outs[0]])
-    ctx = Context.make(host_target())
+    ctx = Context.make(TARGET, device())  # pinned: 16 float32 lanes
     res = schedule_function(func, ctx, "gemv", ScheduleOptions(), True)
     assert res.entry.status == "roller", res.entry.reason
     if rows * (k // 16) >= 2 and k % 16 == 0:

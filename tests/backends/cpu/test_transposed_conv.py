@@ -189,7 +189,7 @@ def test_relax_pipeline_conv_transpose_with_epilogue():
 def test_cuda_target_builds_the_parts():
     """The CUDA backend takes the parts as well: one kernel per part, compiled by nvcc (the
     conftest checks every CUDA build) and numerically checked through its CPU replica."""
-    from tvm_roller.tools.cuda_check.replica import cpu_replica
+    from harness.cuda_check.replica import cpu_replica
 
     args = (1, 5, 7, 8, 6, 4, 2, 1)
     func = te.create_prim_func(list(W.conv2d_transpose_nhwc(*args)))

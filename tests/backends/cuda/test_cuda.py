@@ -1,6 +1,6 @@
 """The CUDA backend without a GPU: device models from targets, construction, the drop-in points.
 
-Compiling every suite workload with nvcc is tests/tools/cuda_check/test_suite_kernels.py; the
+Compiling every suite workload with nvcc is tests/harness/cuda_check/test_suite_kernels.py; the
 kernels run only on the lent device (python/gpu_check.py).
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_cuda_bad_inputs():
         tvm_roller.schedule(te.create_prim_func([A, C]), SM90)
     with pytest.raises(UnsupportedError, match="rocm"):
         tvm_roller.schedule(W.create("GMM", 0), {"kind": "rocm"})
-    from tvm_roller.tools.bench.chains import gemm_chain
+    from harness.bench.chains import gemm_chain
 
     # a float64 chain is not fused (the fused kernel takes float32), and says so
     p = tvm_roller.plan(gemm_chain([2], 64, 32, 64, 32, "softmax", dtype="float64"), SM90)

@@ -28,10 +28,10 @@ from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.fusion.chain import detect_chain
 from tvm_roller.backends.cuda.chain import CudaChainPlan, apply_fused_cuda, plan_cuda_chain
 from tvm_roller.fusion import split
-from tvm_roller.tools.bench.chains import conv_chain, gemm_chain
+from harness.bench.chains import conv_chain, gemm_chain
 from tvm_roller.hardware import gpu
-from tvm_roller.tools.cuda_check.build import check
-from tvm_roller.tools.cuda_check.replica import cpu_replica
+from harness.cuda_check.build import check
+from harness.cuda_check.replica import cpu_replica
 
 from conftest import (CHAIN_CASES, assert_close, chain_inputs, chain_reference,
                       conv_chain_reference, cuda_target, rand, run)
@@ -197,7 +197,7 @@ def test_plan_is_plain_data():
 def test_generated_cuda_emulated(batch, m, k, l, n, middle, rows, tmp_path):  # noqa: E741
     """The CUDA source nvcc compiles, run with real barriers and warp shuffles: catches what the
     replica cannot (a missing barrier, a thread making only its own part of a shared tile)."""
-    from tvm_roller.tools.cuda_check.build import kernel_launches
+    from harness.cuda_check.build import kernel_launches
 
     func = gemm_chain(batch, m, k, l, n, middle)
     chain = detect_chain(func)

@@ -280,7 +280,7 @@ def test_emulated_padded_kernels(name, tmp_path):
     assert tcg.padded_extents(fa, tile), "the case pads nothing"
     tcg.validate_tile(fa, tile, H100)
     sch = tc.apply_tensorcore(func, fa, tile)
-    assert verify_gpu_code(tcp.lower_device_kernel(sch.mod, tile, "nvidia/nvidia-a100"),
+    assert verify_gpu_code(tcp.lower_device_kernel(sch.mod, tile, tvm.target.Target("nvidia/nvidia-a100")),
                            gpu.verify_constraints(hardware.preset("a100")))
     src = check_numerics(func, fa, tile, sch,
                          lambda a: reference(a, kw.get("trans_a", False), trans_b, epi,
@@ -357,7 +357,7 @@ def test_planned_padded_kernels_emulated(case, tmp_path):
 
 # -- nvcc ------------------------------------------------------------------------------------------
 def _nvcc_ok(func):
-    from tvm_roller.tools.cuda_check import check
+    from harness.cuda_check import check
 
     p, t = _planned(func)
     sch = tvm_roller.planner.apply(p, t)

@@ -21,7 +21,7 @@ from tvm_roller.hardware.model import DeviceModel
 class CpuBackend(Backend):
     name = "cpu"
     # channels innermost (NHWC / NWC, weights HWIO / WIO) so the output channels are the vector
-    # axis with unit-stride weights for every window, stride and group count (BENCHMARKS.md,
+    # axis with unit-stride weights for every window, stride and group count (docs/history.md,
     # "Real models"). PyTorch's NCHW weights are constants: their transposes fold at compile
     # time; ConvertLayout carries the activations' layout through elementwise ops and pooling.
     # A transposed convolution stays NCHW: LegalizeOps lowers conv2d_transpose in NCHW only

@@ -205,7 +205,7 @@ def _in_core_streaming(func, dev1: DeviceModel) -> float:
 # fuse only when the fused prediction is below this share of the unfused one: measured, the
 # fused/unfused ratio came out up to 0.1 above its prediction for the chains that fuse nearly
 # even (convolution chains, attention at 128 tokens: predicted 0.90-0.98), and it moves by
-# about as much run to run on a shared VM (BENCHMARKS.md, "Chimera fusion by predicted time")
+# about as much run to run on a shared VM (docs/history.md, "Chimera fusion by predicted time")
 FUSE_MARGIN = 0.85
 
 

@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from tvm_roller.backends.vector_math import rewrite_vector_math
+from tvm_roller.core.errors import UnsupportedError
 
 BLOCK = 64  # positions per parallel task: 4 AVX-512 vectors of scores per query head
 LANES = 16  # float32 lanes of one AVX-512 register
@@ -45,6 +46,12 @@ class CacheLayout:
     length: int
     heads: int
     dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        # the kernels' constants, lane counts and exp cut-offs are float32's: another element
+        # type would mix float32 constants into its arithmetic
+        if self.dtype != "float32":
+            raise UnsupportedError(f"KV-cache kernels are float32 kernels, not {self.dtype}")
 
     @property
     def group(self) -> int:

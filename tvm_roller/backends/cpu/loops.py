@@ -11,6 +11,7 @@ from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis.schedule import extent, is_reduction, plain_splits_active
 from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.backends.buffer_names import shared_names
 
 # rows this many bytes apart alias to the same L1 set (a page: the set span of the usual
 # 32-48 KiB, 8-12-way L1s)
@@ -28,7 +29,8 @@ def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = Fal
     ``partition`` (callers with nothing to schedule under the loop afterwards) cuts it instead
     into whole vectors and a short rest (``loop_partition``: new blocks). ``valid``: the first
     ``valid`` iterations take no branch (a padding copy's source row), the rest may: the cut
-    falls within them, so the whole vectors carry no condition."""
+    falls within them, so the whole vectors carry no condition. Where buffers under the loop
+    share a name, the loop is split instead (:func:`partition_hazard`)."""
     ext = extent(sch, loop)
     if ext is None or ext <= 1:
         return
@@ -37,7 +39,8 @@ def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = Fal
         return
     limit = ext if valid is None else min(valid, ext)
     cut = limit - limit % lanes
-    if partition and 0 < cut < ext and not plain_splits_active():
+    if partition and 0 < cut < ext and not plain_splits_active() and \
+            partition_hazard(sch, loop) is None:
         whole, rest = sch.loop_partition(loop, [cut, None])
         _, inner = sch.split(whole, [None, lanes])
         sch.vectorize(inner)
@@ -48,6 +51,18 @@ def vectorize_inner(sch: s_tir.Schedule, loop, lanes: int, partition: bool = Fal
     # variable there, and a whole loop is vectorized only at a constant extent)
     _, inner = sch.split(loop, [None, lanes])
     sch.vectorize(inner)
+
+
+def partition_hazard(sch: s_tir.Schedule, loop) -> Optional[str]:
+    """Why ``loop_partition`` cannot copy the blocks under ``loop`` faithfully, or None: TVM
+    0.27 rewrites the copies' regions matching buffers by name, so distinct buffers of one name
+    (TOPI's log-softmax: its exp-sum and its output are both ``compute``) get each other's
+    regions, of another rank ("Buffer rank and region dimension mismatch") or silently wrong
+    (:mod:`tvm_roller.backends.buffer_names`)."""
+    shared = shared_names(sch.get(loop))
+    if shared:
+        return f"distinct buffers share the names {', '.join(shared)}"
+    return None
 
 
 def parallel_vectorize_block(sch: s_tir.Schedule, block, lanes: int, cores: int,

@@ -12,9 +12,11 @@ inlined into the main block. Memory-bound functions: ``lower_streaming``.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.access import build_access
@@ -48,7 +50,7 @@ def _layout_preserving(sch: s_tir.Schedule, name: str) -> bool:
 
 # A padded input is copied per task when each of its elements feeds at least this many
 # multiply-adds (a convolution over many channels); below that (depthwise: k*k) the copy costs
-# more than the bounds tests it removes (measured on DEP/C2D, see BENCHMARKS.md).
+# more than the bounds tests it removes (measured on DEP/C2D, see docs/history.md).
 _PAD_MATERIALISE_REUSE = 32
 
 
@@ -59,11 +61,48 @@ def _elements(sch: s_tir.Schedule, name: str) -> int:
 # -- tiled ------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _TiledLoops:
+    """The loop nest of a tiled main block (module docstring): S0..S3 per spatial axis, R0/R1
+    per reduction axis; the vector axis' register loop apart (``vec``, split into whole vectors
+    with ``vec_outer`` over them) and the fused, parallel task loop over S0."""
+    s0: List[LoopRV]
+    s1: List[LoopRV]
+    s2: List[LoopRV]
+    s3: List[LoopRV]
+    r0: List[LoopRV]
+    r1: List[LoopRV]
+    vec: Optional[LoopRV]
+    vec_outer: List[LoopRV]
+    task: LoopRV
+
+
 def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedule:
+    """Schedule ``func`` as the tiled loop nest of the module docstring for the rTile ``t``."""
     sch = s_tir.Schedule(func)
-    lanes = t.vector_lanes
-    leftovers = []
-    padded = []
+    padded, leftovers = _place_prologues(sch, fa)
+    ext_p, out_pad, in_pads = pad_main(sch, fa, t)
+    leftovers += in_pads  # zero-padded input copies: once, parallel and vectorized
+    main = sch.get_sblock(fa.main)
+    loops = _tile_main(sch, fa, t, main, ext_p)
+    leftovers += _write_back(sch, fa, t, main, loops, out_pad)
+    _pack_operands(sch, func, fa, t, main, loops.task)
+    _unroll_register_tile(sch, loops)
+    _schedule_leftovers(sch, t, leftovers, in_pads)
+    _materialise_padded(sch, padded, loops.task, t.vector_lanes)
+    if loops.r0:
+        init = sch.decompose_reduction(main, loops.r0[0])
+        inner = sch.get_loops(init)[-1]
+        if 1 < (extent(sch, inner) or 1) <= t.vector_lanes:
+            sch.vectorize(inner)
+    return sch
+
+
+def _place_prologues(sch: s_tir.Schedule, fa: FuncAnalysis) -> Tuple[List[str], List[str]]:
+    """Inline the layout-preserving prologues; return the padding blocks materialised per task
+    and the blocks left to run on their own."""
+    padded: List[str] = []
+    leftovers: List[str] = []
     volume = math.prod(a.extent for a in fa.axes)
     for name in reversed(fa.producers):
         if is_padding(sch, name) and len(sch.get_consumers(sch.get_sblock(name))) == 1 and \
@@ -73,10 +112,12 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
             sch.compute_inline(sch.get_sblock(name))
         else:
             leftovers.append(name)  # e.g. a transpose: materialised, then parallel/vectorized
+    return padded, leftovers
 
-    ext_p, out_pad, in_pads = pad_main(sch, fa, t)
-    leftovers += in_pads  # zero-padded input copies: once, parallel and vectorized
-    main = sch.get_sblock(fa.main)
+
+def _tile_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile, main: SBlockRV,
+               ext_p: List[int]) -> _TiledLoops:
+    """Split the main block's loops into the tile levels, order them and fuse the task loop."""
     loops = axis_loops(sch, main)
     S, R = fa.spatial, fa.reduction
     s0, s1, s2, s3, r0, r1 = [], [], [], [], [], []
@@ -95,30 +136,40 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
         s3_vec = s3[S.index(v)]
         s3 = [l for l in s3 if not l.same_as(s3_vec)]
     vec_outer = []
-    if s3_vec is not None and t.reg[v] > lanes and t.reg[v] % lanes == 0:
-        vo, s3_vec = sch.split(s3_vec, [None, lanes])
+    if s3_vec is not None and t.reg[v] > t.vector_lanes and t.reg[v] % t.vector_lanes == 0:
+        vo, s3_vec = sch.split(s3_vec, [None, t.vector_lanes])
         vec_outer = [vo]
-    reg_acc = t.acc_level == "reg"
-    if reg_acc:  # the register tile accumulates over the whole reduction
-        order = s0 + s1 + s2 + r0 + r1 + s3 + vec_outer + ([s3_vec] if s3_vec is not None else [])
+    inner = s3 + vec_outer + ([s3_vec] if s3_vec is not None else [])
+    if t.acc_level == "reg":  # the register tile accumulates over the whole reduction
+        sch.reorder(*(s0 + s1 + s2 + r0 + r1 + inner))
     else:  # the task's tile accumulates in cache, K chunks outermost (BLIS order)
-        order = s0 + r0 + s1 + s2 + r1 + s3 + vec_outer + ([s3_vec] if s3_vec is not None else [])
-    sch.reorder(*order)
+        sch.reorder(*(s0 + r0 + s1 + s2 + r1 + inner))
     task = sch.fuse(*s0) if len(s0) > 1 else s0[0]
     if t.num_tasks > 1:
         sch.parallel(task)
+    return _TiledLoops(s0, s1, s2, s3, r0, r1, s3_vec, vec_outer, task)
 
-    # accumulator tile, written back once with the epilogue folded in
+
+def _write_back(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile, main: SBlockRV, loops: _TiledLoops,
+                out_pad: Optional[str]) -> List[str]:
+    """The accumulator tile, written back once with the epilogue folded in; return the
+    epilogue blocks that could not be folded."""
+    reg_acc = t.acc_level == "reg"
     wb = sch.cache_write(main, 0, "local" if reg_acc else "global")
     # unit loops kept: the trace then replays under any re-tiling (MetaSchedule mutations)
-    sch.reverse_compute_at(wb, s2[-1] if reg_acc else task, preserve_unit_loops=True)
+    sch.reverse_compute_at(wb, loops.s2[-1] if reg_acc else loops.task, preserve_unit_loops=True)
     if out_pad:
         sch.reverse_compute_inline(sch.get_sblock(out_pad))
-    leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
-    wb_loops = sch.get_loops(wb)
-    vectorize_inner(sch, wb_loops[-1], lanes)
+    leftovers = fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
+    vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
+    return leftovers
 
-    panel = t.reg[v] if v is not None else lanes
+
+def _pack_operands(sch: s_tir.Schedule, func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile,
+                   main: SBlockRV, task: LoopRV) -> None:
+    """Pack the operands into panels of the register tile's vector width."""
+    v = t.vector_axis
+    panel = t.reg[v] if v is not None else t.vector_lanes
     # constants: packed into panels while compiling (not in a bucket's kernel: the buckets
     # are branches of one function, each would split off a packing of its own)
     for name in [] if fa.dynamic_axes else panel_operands(fa, v):
@@ -127,16 +178,24 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     for name in t.pack:  # a constant operand is packed while compiling, others per task
         name = _read_name(sch, main, name)
         if fa.dynamic_axes or not prepack(sch, func, main, name, panel):
-            _pack_operand(sch, main, name, task, panel, lanes)
+            _pack_operand(sch, main, name, task, panel, t.vector_lanes)
 
-    for l in s3 + vec_outer:
+
+def _unroll_register_tile(sch: s_tir.Schedule, loops: _TiledLoops) -> None:
+    """Unroll the register tile, vectorize its innermost loop, let LLVM unroll under the task."""
+    for l in loops.s3 + loops.vec_outer:
         if (extent(sch, l) or 1) > 1:
             sch.unroll(l)
-    if s3_vec is not None and (extent(sch, s3_vec) or 1) > 1:
-        sch.vectorize(s3_vec)
-    sch.annotate(task, "pragma_auto_unroll_max_step", _UNROLL_STEP)
-    sch.annotate(task, "pragma_unroll_explicit", 1)
+    if loops.vec is not None and (extent(sch, loops.vec) or 1) > 1:
+        sch.vectorize(loops.vec)
+    sch.annotate(loops.task, "pragma_auto_unroll_max_step", _UNROLL_STEP)
+    sch.annotate(loops.task, "pragma_unroll_explicit", 1)
 
+
+def _schedule_leftovers(sch: s_tir.Schedule, t: RTile, leftovers: List[str],
+                        in_pads: List[str]) -> None:
+    """The blocks neither inlined nor folded run on their own, parallel and vectorized."""
+    lanes = t.vector_lanes
     for name in leftovers:
         blk = sch.get_sblock(name)
         pair = None if is_reduction(sch, blk) else transposed_pair(sch, blk, lanes)
@@ -147,21 +206,17 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
                                      valid=_source_row(sch, blk))
         else:
             parallel_vectorize_block(sch, blk, lanes, t.num_tasks)
+
+
+def _materialise_padded(sch: s_tir.Schedule, padded: List[str], task: LoopRV, lanes: int) -> None:
+    """The task's padded input window, computed where the task starts (cache-resident)."""
     for name in padded:
-        # the task's padded input window, computed where the task starts (cache-resident)
         pad = sch.get_sblock(name)
         sch.compute_at(pad, task, preserve_unit_loops=True)
         pad_loops = sch.get_loops(pad)
         inner = pad_loops[-1]
         if len(pad_loops) > 1 and (extent(sch, inner) or 1) >= lanes:
             vectorize_inner(sch, inner, lanes)
-
-    if r0:
-        init = sch.decompose_reduction(main, r0[0])
-        inner = sch.get_loops(init)[-1]
-        if 1 < (extent(sch, inner) or 1) <= lanes:
-            sch.vectorize(inner)
-    return sch
 
 
 def fold_epilogue(sch: s_tir.Schedule, names: List[str], write_back: str) -> List[str]:

@@ -10,6 +10,7 @@ from tvm import s_tir, tirx
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.schedule import (add_unit_loops, attempt, block_names, extent,
                                           inline_within, is_reduction, realize_of)
+from tvm_roller.backends.buffer_names import unique_buffer_names
 from tvm_roller.backends.cpu.loops import (block_2d, element_steps, is_copy, is_vectorized,
                                            parallel_vectorize_block, transposed_pair,
                                            vectorize_inner)
@@ -113,9 +114,11 @@ def _each_output_alone(sch: s_tir.Schedule, lanes: int, cores: int) -> s_tir.Sch
 def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
                     traceable: bool = False) -> s_tir.Schedule:
     """``traceable``: no rewrite of ``func`` first (the trace must replay on it), so a
-    reduction over an unaligned row stays scalar there."""
+    reduction over an unaligned row stays scalar there, and a row over buffers that share a
+    name is split rather than partitioned (``loops.partition_hazard``)."""
     lanes = t.vector_lanes
-    sch = s_tir.Schedule(func if traceable else split_unaligned_reductions(func, lanes))
+    sch = s_tir.Schedule(func if traceable else
+                         unique_buffer_names(split_unaligned_reductions(func, lanes)))
     if len(_output_blocks(sch)) > 1 and not any(is_reduction(sch, sch.get_sblock(n))
                                                 for n in block_names(sch)):
         return _each_output_alone(sch, lanes, cores)

@@ -5,7 +5,7 @@ along the reduction, each a short stretch along the vector axis. When the operan
 is a multiple of a large power of two, those rows fall in the same few L1 sets (a way holds
 4 KiB on these CPUs: 48 KiB 12-way, 32 KiB 8-way) and evict each other on every pass — a
 2048 x 8192 weight (32 KiB rows) ran a 1,088-row GEMM at 73 GFLOP/s, 176 once the task copied
-its panel to a contiguous layout first (BENCHMARKS.md, issue 28). The copy is paid once per
+its panel to a contiguous layout first (docs/history.md, issue 28). The copy is paid once per
 task and amortised over the task's rows, so it is chosen only where many rows reuse it.
 Constant operands are packed once while compiling instead (``prepack``); this is for the
 others (weights passed as arguments, dynamic shapes).

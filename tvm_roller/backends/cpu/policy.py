@@ -34,7 +34,7 @@ L2_FILL = 0.5
 # the write-back), so the hot loop keeps no predicate (a predicated tail inside the unrolled
 # micro-kernel measured 28 GFLOP/s for a 6x64 tile vs 94 exact). Only for einsum-like main blocks
 # (every index one axis: matmuls, batch matmuls); others (convolutions) keep exact divisors.
-# Cache (L1/L2/task) tiles divide the padded extent. See BENCHMARKS.md "Irregular extents".
+# Cache (L1/L2/task) tiles divide the padded extent. See docs/history.md "Irregular extents".
 PAD_EPS = 0.10
 REG_PAD_EPS = PAD_EPS
 # The same for a reduction axis with no L1-sized chunk that divides it (K = 1,214 = 2 x 607:

@@ -41,7 +41,7 @@ _REG_LIMIT = 32  # largest register-tile size along a non-vector axis (the regis
 _TAIL_WASTE = 0.1
 # A register tile that does not divide its axis leaves a predicate (``T.where``) on the update
 # of a convolution (pad_einsum does not take windows): LLVM then keeps the accumulators in memory.
-# Measured 28 vs 94 GFLOP/s (BENCHMARKS.md, "Irregular extents"); DIL:0 (109 outputs a row)
+# Measured 28 vs 94 GFLOP/s (docs/history.md, "Irregular extents"); DIL:0 (109 outputs a row)
 # ran at 40 GFLOP/s with a 5-wide predicated tile.
 PREDICATED_RATE = 0.3
 # L1 geometry the set-conflict check assumes: 64-byte lines, addresses a page apart share a set,

@@ -98,10 +98,14 @@ def build(mod, tile: RTile, target):
 
 def lower_device_kernel(mod, tile: RTile, target):
     """The lowered device kernel (``calling_conv`` 2) of a scheduled module, the function
-    ``tvm.s_tir.analysis.verify_gpu_code`` checks; warp buffers already lowered."""
+    ``tvm.s_tir.analysis.verify_gpu_code`` checks; warp buffers already lowered. ``target``:
+    a ``tvm.target.Target`` as the caller's Context holds it (normalised there, not here)."""
     import tvm
 
-    tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    if not isinstance(target, tvm.target.Target):
+        raise TypeError(f"lower_device_kernel takes a normalised tvm.target.Target, got "
+                        f"{type(target).__name__}")
+    tgt = target
     from tvm.tirx import compilation_pipeline as cp
 
     with tvm.transform.PassContext(config=pass_config(tile)):

@@ -15,15 +15,16 @@ from typing import Dict, List, Optional
 import numpy as np
 import tvm
 
-from tvm_roller.hardware import DeviceModel, host_target
-from tvm_roller.hardware.target import complete_target
+from tvm_roller.hardware import HOST_TARGET, DeviceModel
 from tvm_roller.backends.cpu.kv_cache import CacheLayout
 from tvm_roller.integrations.llm.export import TESTED_FAMILIES, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
 from tvm_roller.integrations.relax import compile as relax_compile
 from tvm_roller.integrations.relax.passes.quantize_weights import check_target
+from tvm_roller.integrations.relax.passes.schedule import relax_context
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
+from tvm_roller.planner import UNSET
 
 __all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
            "TESTED_FAMILIES"]
@@ -44,27 +45,29 @@ def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
 
 def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
             weights: str = "fp32", device: Optional[DeviceModel] = None,
-            cache=True) -> CausalLM:
+            cache=UNSET) -> CausalLM:
     """``model`` (a transformers ``*ForCausalLM``) compiled for generation on ``target``
     (None: this machine). ``weights``: "fp32", or "int8" / "int4": the linear layers' and
     embeddings' weights quantized in groups of 32 (the fp32 tensors are not kept; a weight a
     format cannot take stays float32, with its reason in ``report``), multiplied in integer
     dot products (``backends.cpu.quant_linear``; a CPU without AVX-512 VNNI is an
     ``UnsupportedError``). An architecture torch.export or the importer cannot take is an
-    ``UnsupportedError`` naming the step."""
+    ``UnsupportedError`` naming the step. ``target`` may be a
+    :class:`~tvm_roller.planner.Context` (its options: ``cache`` given here changes it);
+    ``cache``: as in :func:`tvm_roller.relax.compile` (False: nothing read or written)."""
     if max_seq_len < 3:
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
-    target = target if target is not None else host_target()
-    fmt = None if weights == "fp32" else check_target(complete_target(target)[0], weights)
+    # the one Context (the target normalised once) of both the checks and the compile
+    ctx = relax_context(HOST_TARGET if target is None else target, device, cache=cache)
+    fmt = None if weights == "fp32" else check_target(ctx.target, weights)
     lm = export_lm(model, max_seq_len, fmt)
     report: list = list(lm.kernels)
-    ex = relax_compile(lm.mod, target, report,
-                       device=device, cache=cache, buckets=length_buckets(lm.mod, max_seq_len))
-    dev = tvm.cpu()
+    ex = relax_compile(lm.mod, ctx, report, buckets=length_buckets(lm.mod, max_seq_len))
+    dev = ctx.runtime_device()
     vm = tvm.relax.VirtualMachine(ex, dev)
     # the weights as torch holds them (no copy: decode reads them in place) and prefill's
     # transposes made from them once
     raw = [tvm.runtime.tensor(w, dev) if isinstance(w, np.ndarray)  # packed: a copy, aligned
            else tvm.runtime.from_dlpack(w.contiguous()) for w in lm.weights]
     prepared = list(vm["prefill_transform_params"](raw))
-    return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, report)
+    return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, dev, report)

@@ -41,6 +41,7 @@ class CausalLM:
     cache: CacheLayout
     vocab: int
     max_seq_len: int
+    device: tvm.runtime.Device  # where the VM runs (the target's device)
     report: list = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     _buffers: Optional[tuple] = field(default=None, repr=False)
@@ -50,7 +51,7 @@ class CausalLM:
         attention block are read and masked, so they must hold finite values) and the marker
         whose prefix views give decode the live length."""
         if self._buffers is None:
-            dev = tvm.cpu()
+            dev = self.device
             self._buffers = (tvm.runtime.tensor(np.zeros(self.cache.key_shape, "float32"), dev),
                              tvm.runtime.tensor(np.zeros(self.cache.value_shape, "float32"), dev),
                              tvm.runtime.tensor(np.zeros(self.cache.length, "int64"), dev))
@@ -95,7 +96,7 @@ class CausalLM:
         """One decode step: the logits after ``ids`` ([1, 1]), the cache's live length
         ``length`` with it."""
         keys, values, marker = self.buffers()
-        return self.vm["decode"](tvm.runtime.tensor(ids, tvm.cpu()), keys, values,
+        return self.vm["decode"](tvm.runtime.tensor(ids, self.device), keys, values,
                                  marker._create_view((length,)), *self.decode_weights)[0]
 
     def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
@@ -107,7 +108,7 @@ class CausalLM:
         if prompt.shape[1] == 1:  # one position: a decode step from an empty cache
             logits = self._decode(prompt, 1)
         else:
-            logits = self.vm["prefill"](tvm.runtime.tensor(prompt, tvm.cpu()), keys, values,
+            logits = self.vm["prefill"](tvm.runtime.tensor(prompt, self.device), keys, values,
                                         *self.weights)[0]
         token = pick(logits.numpy())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]

@@ -12,24 +12,27 @@ from tvm_roller.hardware import DeviceModel
 from tvm_roller.backends.cpu.amx import has_int8_tiles
 from tvm_roller.integrations.relax.passes.quantize_dynamic import quantize_gemms
 from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for, weight_entries
-from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache
+from tvm_roller.integrations.relax.passes.schedule import relax_context
 from tvm_roller.integrations.relax.pipeline import get_pipeline
-from tvm_roller.planner import Context, FuncReport, summarise
+from tvm_roller.planner import UNSET, Context, FuncReport, summarise
 
 logger = logging.getLogger(__name__)
 
 
 def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A001
-            device: Optional[DeviceModel] = None, cache: CacheArg = True,
-            fast_math: bool = True, progress: Optional[bool] = None,
-            chains: Optional[list] = None, fuse_chains: bool = True,
-            conv_layouts: Optional[dict] = None, buckets: Optional[dict] = None,
-            verify: bool = False, measure_topk: int = 0, weights: str = "fp32"):
+            device: Optional[DeviceModel] = None, cache=UNSET, fast_math=UNSET,
+            progress=UNSET, chains: Optional[list] = None, fuse_chains=UNSET,
+            conv_layouts=UNSET, buckets=UNSET, verify=UNSET, measure_topk=UNSET,
+            weights: str = "fp32"):
     """``tvm.compile(mod, target, relax_pipeline=get_pipeline(...))`` with a whole-module cache.
 
     With ``cache`` on, the compiled library is kept (see :mod:`tvm_roller.cache.modules`) under
-    a key made of the module's structural hash, the target, the device constants and roller's
-    code, so compiling the same model again is a load. Returns something
+    a key made of the module's structural hash, the target, the device constants, the options
+    and roller's code, so compiling the same model again is a load. ``target``: a target or a
+    :class:`~tvm_roller.planner.Context` (its options; one given here changes it); for a
+    target the options default as in :func:`~tvm_roller.relax.get_pipeline` (``cache`` True:
+    the default persistent caches; False: none, nothing read or written; a ScheduleCache: that
+    one, with the module cache beside it). Returns something
     ``relax.VirtualMachine`` takes. On a cache hit ``report`` gets the entries stored with the
     library (``cached`` set). ``chains`` gets the fusion decision for each matmul chain (not on
     a cache hit). ``buckets``: see :func:`~tvm_roller.relax.schedule_pass` (a model with a
@@ -45,7 +48,9 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
     CPU with AMX-INT8, linear layers of many static rows (GEMMs) are quantized per output
     channel with per-row activation scales instead, for AMX's int8 tile products
     (``passes.quantize_dynamic``)."""
-    ctx = Context.make(target, device, schedule_cache(cache))
+    ctx = relax_context(target, device, cache=cache, fast_math=fast_math, progress=progress,
+                        fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
+                        verify=verify, measure_topk=measure_topk)
     if weights == "int8" and has_int8_tiles(ctx.target):
         decisions: list = []
         mod = quantize_gemms(mod, decisions)
@@ -53,11 +58,8 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
             report.extend(weight_entries(decisions))
     if weights != "fp32":
         mod = quantize_for(mod, ctx.target, weights, report)
-    options = {"fast_math": fast_math, "fuse_chains": fuse_chains,
-               "conv_layouts": conv_layouts, "verify": verify, "measure_topk": measure_topk}
-    if buckets:
-        options["buckets"] = {str(k): sorted(int(e) for e in v) for k, v in buckets.items()}
-    mcache = None if ctx.cache is None else ModuleCache()
+    options = ctx.compile_options()
+    mcache = _module_cache(ctx)
     if mcache is not None:
         hit = mcache.load(mod, ctx.target, ctx.device, options)
         if hit is not None:
@@ -66,14 +68,13 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
                 report.extend(dict(e, cached=True) for e in entries)
             summarise([FuncReport(**dict(e, cached=True)) for e in entries])
             return lib
+
     def build(check: bool) -> tuple:
         entries: list = []
         found: Optional[list] = None if chains is None else []
         with ctx.pass_context():
             ex = tvm.compile(mod, target=ctx.target, relax_pipeline=get_pipeline(
-                ctx, entries, progress=progress, fast_math=fast_math, chains=found,
-                fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
-                verify=verify, measure_topk=measure_topk, check=check))
+                ctx, entries, chains=found, check=check))
         return ex, entries, found
 
     # Each kernel built alone (so one TVM cannot compile falls back alone) costs ~40% of a
@@ -92,3 +93,10 @@ def compile(mod: tvm.IRModule, target, report: Optional[list] = None,  # noqa: A
         stored = mcache.store(mod, ctx.target, ctx.device, options, ex, entries)
         return ex if stored is None else stored
     return ex
+
+
+def _module_cache(ctx: Context) -> Optional[ModuleCache]:
+    """The whole-module cache beside the context's schedule cache (none without one)."""
+    if ctx.cache is None:
+        return None
+    return ModuleCache(ctx.cache.directory.parent / "modules")

@@ -26,13 +26,13 @@ from tvm_roller.integrations.relax.passes.conv_gemm import conv_gemm_pass
 from tvm_roller.integrations.relax.passes.conv_layout import conv_layout_pass
 from tvm_roller.integrations.relax.passes.group_chains import group_chains_pass
 from tvm_roller.integrations.relax.passes.inference import inference_pass
+from tvm_roller.integrations.relax.passes.norms_in_dtype import norms_in_dtype_pass
 from tvm_roller.integrations.relax.passes.prepack import fold_packing, mark_constant_operands
-from tvm_roller.integrations.relax.passes.schedule import CacheArg, schedule_cache, \
-    schedule_pass
+from tvm_roller.integrations.relax.passes.schedule import relax_context, schedule_pass
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
 from tvm_roller.integrations.relax.passes.sink_reshape import sink_reshape_pass
 from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass
-from tvm_roller.planner import Context
+from tvm_roller.planner import UNSET
 
 
 def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
@@ -54,7 +54,8 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
                                      sink_reshape_pass(),
                                      conv_layout_pass(conv_layouts), conv_gemm_pass(),
-                                     accumulate_f32_pass()] + fast + group + [
+                                     accumulate_f32_pass(), norms_in_dtype_pass()]
+                                    + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         bound_shapes_pass(),
         relax.transform.AnnotateTIROpPattern(),
@@ -65,27 +66,27 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
 
 
 def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
-                 cache: CacheArg = True, progress: Optional[bool] = None,
-                 fast_math: bool = True, chains: Optional[list] = None,
-                 fuse_chains: bool = True,
-                 conv_layouts: Optional[dict] = None,
-                 buckets: Optional[dict] = None, verify: bool = False,
-                 measure_topk: int = 0, check: bool = True) -> tvm.transform.Pass:
+                 cache=UNSET, progress=UNSET, fast_math=UNSET, chains: Optional[list] = None,
+                 fuse_chains=UNSET, conv_layouts=UNSET, buckets=UNSET, verify=UNSET,
+                 measure_topk=UNSET, check: bool = True) -> tvm.transform.Pass:
     """TVM's default Relax pipeline for ``target`` with roller scheduling every fused PrimFunc.
 
     Usable as ``tvm.compile(mod, target=target, relax_pipeline=get_pipeline(target))``.
-    ``target``: a target or the planner's :class:`~tvm_roller.planner.Context`. When
-    ``report`` is a list, one entry (a dict, see :class:`~tvm_roller.planner.FuncReport`) per
-    PrimFunc is appended. ``cache``: the persistent schedule cache (True: the default one;
-    False: none; or a :class:`~tvm_roller.cache.ScheduleCache`). ``fast_math``: see
+    ``target``: a target or the planner's :class:`~tvm_roller.planner.Context`, whose options
+    the pipeline reads; an option given here changes the Context's (a target: see the
+    defaults below). When ``report`` is a list, one entry (a dict, see
+    :class:`~tvm_roller.planner.FuncReport`) per PrimFunc is appended. ``cache``: the
+    persistent schedule cache (True, the default: the default one; False: none; or a
+    :class:`~tvm_roller.cache.ScheduleCache`). ``fast_math`` (default True): see
     :func:`fusion_passes`. ``chains`` (a list) gets one dict per matmul chain found: fused or
     kept apart, and why; ``fuse_chains=False`` turns the matmul-chain fusion off;
     ``conv_layouts``: the layouts convolutions are converted to (None: the backend's
     ``conv_layouts``; ``{}``: keep the model's); ``buckets``, ``verify``, ``measure_topk``,
-    ``check``: see :func:`schedule_pass`."""
-    ctx = Context.make(target, device, schedule_cache(cache))
-    roller = schedule_pass(ctx, report, progress=progress, buckets=buckets, verify=verify,
-                           measure_topk=measure_topk, check=check)
+    ``progress``, ``check``: see :func:`schedule_pass`."""
+    ctx = relax_context(target, device, cache=cache, progress=progress, fast_math=fast_math,
+                        fuse_chains=fuse_chains, conv_layouts=conv_layouts, buckets=buckets,
+                        verify=verify, measure_topk=measure_topk)
+    roller = schedule_pass(ctx, report, check=check)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -96,8 +97,8 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                 # before DispatchSortScan legalizes the scans (it needs their shapes)
                 [bound_shapes_pass(), workarounds_pass()]
                 + stages.library_dispatch_passes(tgt)
-                + [fusion_passes(fast_math, fuse_chains, ctx.device,
-                                 chains, conv_layouts),
+                + [fusion_passes(ctx.fast_math, ctx.fuse_chains, ctx.device,
+                                 chains, ctx.conv_layouts),
                    mark_constant_operands(), roller, fold_packing(report)]
                 + ctx.backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)

@@ -4,6 +4,9 @@
 ``references`` float64 reference results and PyTorch / numpy peers.
 ``baselines``  the shared MetaSchedule-tuned records (the "tuned search" peer).
 ``runner``     ``run_suite``: construct, build, check, time and compare.
+``runs``       stored runs (``--save-run``): per workload roller's / PyTorch's times and the
+               machine class; the shipped ones in ``data/runs``.
+``compare``    a run against a stored one (``--compare-to``): ratios to PyTorch, flags.
 
 Submodules import TVM / torch lazily so that ``import tvm_roller.tools.suite`` stays cheap.
 """

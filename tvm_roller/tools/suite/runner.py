@@ -11,6 +11,7 @@ A failure in one workload (schedule/build/run raising) is recorded with its mess
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from tvm_roller.tools.suite import baselines, references, workloads
+from tvm_roller.tools.suite import baselines, quiet, references, workloads
 
 if TYPE_CHECKING:  # pragma: no cover
     import tvm
@@ -177,6 +178,7 @@ def _new_record(cls: str, idx: int, func: Any, target: "tvm.target.Target") -> D
         "error": None, "construct_s": None, "build_s": None, "latency_s": None,
         "max_rel_err": None, "torch_s": None, "numpy_s": None, "tvm_default_s": None,
         "ms_tuned_s": None, "ms_tune_s": None, "ms_ok": None, "ms_database": None, "notes": [],
+        "latency_runs_s": [], "torch_runs_s": [], "plan": None, "foreign_cpu": None,
     }
     rec.update(flops=workloads.flop_count(func), bytes=workloads.bytes_moved(func),
                memory_bound=workloads.is_memory_bound(cls), target=str(target),
@@ -184,11 +186,22 @@ def _new_record(cls: str, idx: int, func: Any, target: "tvm.target.Target") -> D
     return rec
 
 
-def _time_roller(rec: Dict[str, Any], case: _Case, schedule: ScheduleFn) -> None:
+Timer = Callable[[], float]  # one more timing of a kernel already built: median seconds
+
+
+def plan_digest(sch: "Schedule") -> str:
+    """12 hex digits of the scheduled TIR: two runs with the same digest timed the same kernel
+    (a stored run's comparison tells a changed plan from a slower machine)."""
+    return hashlib.sha256(sch.mod.script().encode()).hexdigest()[:12]
+
+
+def _time_roller(rec: Dict[str, Any], case: _Case, schedule: ScheduleFn) -> Optional[Timer]:
     """roller's schedule (construct_s), build (build_s), one checked run and its latency; a
-    failure is recorded with the stage it happened in."""
+    failure is recorded with the stage it happened in. Returns the kernel's timer once built and
+    run (None on failure)."""
     import tvm
 
+    timer: Optional[Timer] = None
     stage = "schedule"
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -197,6 +210,7 @@ def _time_roller(rec: Dict[str, Any], case: _Case, schedule: ScheduleFn) -> None
             sch = schedule(case.func, case.target)
             rec["construct_s"] = time.perf_counter() - t0
         rec["notes"].extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        rec["plan"] = plan_digest(sch)
         stage = "build"
         t0 = time.perf_counter()
         ex = tvm.compile(sch.mod, case.target)
@@ -206,30 +220,31 @@ def _time_roller(rec: Dict[str, Any], case: _Case, schedule: ScheduleFn) -> None
         ok, err = references.compare(out, case.ref, rec["rtol"])
         rec["max_rel_err"] = err if math.isfinite(err) else None
         stage = "time"
+        timer = lambda: _time_tvm(ex, case.dev, args, case.repeat, case.min_repeat_ms)  # noqa: E731
         _settle()
-        rec["latency_s"] = _time_tvm(ex, case.dev, args, case.repeat, case.min_repeat_ms)
+        rec["latency_s"] = timer()
         rec["ok"] = ok
         if not ok:
             rec["error"] = f"wrong result: max rel err {err:.3g} > {rec['rtol']:.1g}"
     except WORKLOAD_ERRORS as e:
         rec["error"] = f"{stage}: {_err(e)}"
-    lat = rec["latency_s"]
-    if lat:
-        rec["gflops"] = rec["flops"] / lat / 1e9
-        rec["gbps"] = rec["bytes"] / lat / 1e9
+        timer = None
+    return timer
 
 
-def _time_python_peers(rec: Dict[str, Any], case: _Case) -> None:
-    """PyTorch and numpy (CPU targets only)."""
+def _time_python_peers(rec: Dict[str, Any], case: _Case) -> Optional[Timer]:
+    """PyTorch and numpy (CPU targets only). Returns PyTorch's timer (None when it failed)."""
     notes: List[str] = rec["notes"]
     if case.target.kind.name != "llvm":
         notes.append(f"torch/numpy peers: CPU only, target is {case.target.kind.name}")
-        return
+        return None
     cls, idx, inputs = case.cls, case.idx, case.inputs
+    timer: Optional[Timer] = None
     try:
         peer = references.torch_peer(cls, idx, inputs, num_threads=_num_cores(case.target))
         _settle()
         rec["torch_s"] = time_callable(peer.fn, case.repeat, case.min_repeat_ms)
+        timer = lambda: time_callable(peer.fn, case.repeat, case.min_repeat_ms)  # noqa: E731
     except WORKLOAD_ERRORS as e:
         notes.append(f"torch: {_err(e)}")
     try:
@@ -239,6 +254,7 @@ def _time_python_peers(rec: Dict[str, Any], case: _Case) -> None:
             rec["numpy_s"] = time_callable(npeer.fn, case.repeat, case.min_repeat_ms)
     except WORKLOAD_ERRORS as e:
         notes.append(f"numpy: {_err(e)}")
+    return timer
 
 
 def _time_tvm_default(rec: Dict[str, Any], case: _Case, default_budget_s: float) -> None:
@@ -291,10 +307,32 @@ def _time_ms_tuned(rec: Dict[str, Any], case: _Case) -> None:
         rec["notes"].append(f"ms-tuned skipped: {reason}")
 
 
+def _more_rounds(rec: Dict[str, Any], roller: Optional[Timer], torch_peer: Optional[Timer],
+                 rounds: int) -> None:
+    """Rounds 2..``rounds``: roller's kernel, then PyTorch's, again (paired in time, so that a
+    ratio compares timings under the same machine state); the latencies become the rounds'
+    medians, every round's kept in ``latency_runs_s`` / ``torch_runs_s``."""
+    try:
+        for key, timer in (("latency", roller), ("torch", torch_peer)):
+            rec[f"{key}_runs_s"] = [rec[f"{key}_s"]] if (timer and rec[f"{key}_s"]) else []
+        for _ in range(rounds - 1):
+            for key, timer in (("latency", roller), ("torch", torch_peer)):
+                if timer:
+                    _settle()
+                    rec[f"{key}_runs_s"].append(timer())
+    except WORKLOAD_ERRORS as e:  # a kernel that ran once and then failed: keep what was timed
+        rec["notes"].append(f"rounds: {_err(e)}")
+    for key in ("latency", "torch"):
+        if rec[f"{key}_runs_s"]:
+            rec[f"{key}_s"] = float(statistics.median(rec[f"{key}_runs_s"]))
+
+
 def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: ScheduleFn,
                  repeat: int = 5, min_repeat_ms: int = 100, peers: bool = True,
-                 seed: int = 0, default_budget_s: float = DEFAULT_BUDGET_S) -> Dict[str, Any]:
+                 seed: int = 0, default_budget_s: float = DEFAULT_BUDGET_S,
+                 rounds: int = 1) -> Dict[str, Any]:
     """One row of the suite (see ``run_suite`` for the keys)."""
+    sample = quiet.cpu_sample()
     func = workloads.create(cls, idx)
     rec = _new_record(cls, idx, func, target)
     inputs = workloads.random_inputs(func, seed)
@@ -302,13 +340,47 @@ def run_workload(cls: str, idx: int, target: "tvm.target.Target", *, schedule: S
     ref = references.reference(cls, idx, inputs)
     case = _Case(cls, idx, func, target, _device(target), inputs, out_spec, ref, repeat,
                  min_repeat_ms)
-    _time_roller(rec, case, schedule)
-    if not peers:
-        return rec
-    _time_python_peers(rec, case)
-    _time_tvm_default(rec, case, default_budget_s)
-    _time_ms_tuned(rec, case)
+    roller = _time_roller(rec, case, schedule)
+    torch_peer = None
+    if peers:
+        torch_peer = _time_python_peers(rec, case)
+        _time_tvm_default(rec, case, default_budget_s)
+        _time_ms_tuned(rec, case)
+    _more_rounds(rec, roller, torch_peer, rounds)
+    lat = rec["latency_s"]
+    if lat:
+        rec["gflops"] = rec["flops"] / lat / 1e9
+        rec["gbps"] = rec["bytes"] / lat / 1e9
+    rec["foreign_cpu"] = share = quiet.foreign_share(sample)
+    if share is not None and share > quiet.BUSY_SHARE:
+        rec["notes"].append(f"other processes used {100 * share:.0f}% of the CPUs meanwhile: "
+                            f"its timings are noisy")
     return rec
+
+
+QUIET_RETRIES = 2  # with wait_quiet_s: a disturbed workload is timed at most this many more times
+
+
+def run_quiet_workload(cls: str, idx: int, target: "tvm.target.Target", timing: Dict[str, Any],
+                    wait_quiet_s: float) -> Dict[str, Any]:
+    """``run_workload``; with ``wait_quiet_s`` after a wait for a quiet machine, again while other
+    processes disturbed it (the record least disturbed is kept, its waits in its notes)."""
+    best: Optional[Dict[str, Any]] = None
+    waits: List[str] = []
+    for _ in range(1 + (QUIET_RETRIES if wait_quiet_s > 0 else 0)):
+        if wait_quiet_s > 0:
+            waited, calm = quiet.wait_for_quiet(wait_quiet_s)
+            if waited >= 2 * quiet.PROBE_S or not calm:
+                waits.append(f"{waited:.0f} s" + ("" if calm else " (still busy)"))
+        rec = run_workload(cls, idx, target, **timing)
+        if best is None or (rec["foreign_cpu"] or 0.0) < (best["foreign_cpu"] or 0.0):
+            best = rec
+        if (rec["foreign_cpu"] or 0.0) <= quiet.BUSY_SHARE:
+            break
+    assert best is not None  # the loop runs at least once
+    if waits:
+        best["notes"].append(f"waited for a quiet machine: {', '.join(waits)}")
+    return best
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -389,7 +461,7 @@ def write_json(records: Sequence[Dict[str, Any]], path: str | os.PathLike) -> No
 def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
               json_out: Optional[str | os.PathLike] = None, repeat: int = 5,
               peers: bool = True, *, min_repeat_ms: int = 100, seed: int = 0,
-              out: Optional[TextIO] = None,
+              rounds: int = 1, wait_quiet_s: float = 0.0, out: Optional[TextIO] = None,
               _schedule: Optional[ScheduleFn] = None,
               _normalize: Optional[Callable[[Any], "tvm.target.Target"]] = None,
               ) -> List[Dict[str, Any]]:
@@ -400,6 +472,17 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
     latencies ``torch_s``, ``numpy_s``, ``tvm_default_s``, ``ms_tuned_s``, MetaSchedule's search
     time ``ms_tune_s``, ``ms_database`` (the baseline database used: ``source`` shipped / retuned /
     env / shared, ``path``, ``tuned_for``) and ``notes``. ``json_out`` writes that list as JSON.
+
+    ``plan`` is a digest of roller's scheduled TIR; ``foreign_cpu`` the share of all CPUs other
+    processes used during the workload (None without /proc/stat).
+
+    ``wait_quiet_s`` > 0: before each workload, wait up to that long for other processes to leave
+    the CPUs (``quiet.wait_for_quiet``), and time a workload they disturbed again (up to
+    ``QUIET_RETRIES`` times; the least disturbed record is kept).
+
+    ``rounds`` > 1 times roller's kernel and PyTorch's again, alternately, after the other peers
+    (``latency_runs_s`` / ``torch_runs_s`` list every round; ``latency_s`` / ``torch_s`` are their
+    medians): the stored runs of ``runs`` / ``compare`` are made of these.
 
     ``_schedule``/``_normalize`` are private hooks for testing the harness without roller.
     """
@@ -413,7 +496,8 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
         import torch
 
         torch_threads = torch.get_num_threads()
-    print(f"tvm-roller suite: {len(wls)} workloads, target {tgt}", file=out)
+    print(f"tvm-roller suite: {len(wls)} workloads, target {tgt}"
+          + (f", {rounds} rounds of roller / torch per workload" if rounds > 1 else ""), file=out)
     if peers:
         reason = baselines.skip_reason(tgt)
         print(f"peers: torch ({_num_cores(tgt)} threads), numpy (GMM/SFM/NRM), tvm-default "
@@ -425,10 +509,11 @@ def run_suite(ops: Optional[str | Sequence[str]] = None, target: Any = None,
           "perf in GB/s for memory-bound SFM/NRM/DEP", file=out)
     print(header(), file=out, flush=True)
     records: List[Dict[str, Any]] = []
+    timing = dict(schedule=schedule, repeat=repeat, min_repeat_ms=min_repeat_ms, peers=peers,
+                  seed=seed, rounds=rounds)
     try:
         for cls, idx in wls:
-            rec = run_workload(cls, idx, tgt, schedule=schedule, repeat=repeat,
-                               min_repeat_ms=min_repeat_ms, peers=peers, seed=seed)
+            rec = run_quiet_workload(cls, idx, tgt, timing, wait_quiet_s)
             records.append(rec)
             print(format_row(rec), file=out, flush=True)
             for msg in ([rec["error"]] if rec["error"] else []) + rec["notes"]:

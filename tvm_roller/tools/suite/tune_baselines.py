@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
+from tvm_roller.hardware.threads import size_thread_pool
 from tvm_roller.tools.suite import baselines, runner, workloads
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,6 +180,7 @@ def tune_baselines(ops: Optional[str | Sequence[str]] = None, target: Any = None
     if tgt.kind.name != "llvm":
         raise ValueError(f"the baselines are CPU (llvm) schedules; target is {tgt.kind.name}")
     dest = Path(out_dir) if out_dir is not None else baselines.retuned_dir(tgt)
+    size_thread_pool()  # MetaSchedule's runs (no Context here) get every core, as roller's do
     print(f"tune_baselines: {len(wls)} workloads, {trials} trials each ({per_iter} per iter), "
           f"target {tgt}, into {dest}", file=out, flush=True)
     busy = runner._busy_warning()  # pylint: disable=protected-access

@@ -6,12 +6,12 @@ from typing import List
 from tvm_roller.analysis.conv import is_convolution
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.cpu.policy_conv import construct_conv
-from tvm_roller.backends.cpu.rules.tiled import TiledRule
+from tvm_roller.backends.cpu.rules.tiled_base import TiledLoweringRule
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
 
 
-class ConvRule(TiledRule):
+class ConvRule(TiledLoweringRule):
     """Lowered, validated and described as a tiled function; constructed by policy_conv."""
 
     name = "conv"

@@ -17,6 +17,8 @@ from typing import Optional
 import tvm
 from tvm import relax, te
 
+from tvm_roller.integrations.relax.passes.mutate import mutate_with_new_functions
+
 _LOW = ("bfloat16", "int8", "uint8")
 
 
@@ -85,10 +87,6 @@ def conv_gemm_pass() -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="RollerConvGemm")
     def _rewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _ConvGemm(mod)
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return relax.transform.Normalize()(mutator.builder_.get())
+        return mutate_with_new_functions(mod, _ConvGemm)
 
     return _rewrite

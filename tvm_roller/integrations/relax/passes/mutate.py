@@ -13,3 +13,14 @@ def mutate_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             mod[gv] = mutator.visit_expr(func)
     return relax.transform.Normalize()(mod)
+
+
+def mutate_with_new_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
+    """``mutator_class(mod)`` applied to each Relax function of ``mod``, for a mutator whose
+    rewrites add PrimFuncs through its builder (``self.builder_.call_te``): the builder's
+    module, with them, normalized."""
+    mutator = mutator_class(mod)
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return relax.transform.Normalize()(mutator.builder_.get())

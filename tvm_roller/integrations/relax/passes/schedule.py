@@ -3,61 +3,60 @@
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Union
+from typing import List, Optional
 
 import tvm
 from tvm import tirx
 
-from tvm_roller.cache.schedules import ScheduleCache
 from tvm_roller.hardware import DeviceModel
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
-from tvm_roller.planner import (Context, FuncReport, Measure, ScheduleOptions, is_scheduled,
-                                schedule_function, summarise)
+from tvm_roller.planner import (UNSET, Context, FuncReport, ScheduleOptions, context_for,
+                                is_scheduled, schedule_function, summarise)
 
 # Show a progress bar when a module has at least this many PrimFuncs to schedule.
 PROGRESS_MIN_FUNCS = 16
 
-CacheArg = Union[bool, None, ScheduleCache]
+#: what a Relax compile given a target (not a Context) defaults to: the persistent cache
+RELAX_DEFAULTS = {"cache": True}
 
 
-def schedule_cache(cache: CacheArg) -> Optional[ScheduleCache]:
-    """``cache=`` as the integrations take it: True (the default persistent cache), False or
-    None (none) or a ScheduleCache."""
-    if cache is False or cache is None:
-        return None
-    return ScheduleCache() if cache is True else cache
+def relax_context(target, device: Optional[DeviceModel] = None, **given) -> Context:
+    """The Context of a Relax entry point given a target or a Context (``planner.context_for``
+    with the Relax defaults)."""
+    return context_for(target, device, RELAX_DEFAULTS, **given)
 
 
 def schedule_pass(target, report: Optional[list] = None, device: Optional[DeviceModel] = None,
-                  cache: CacheArg = True, progress: Optional[bool] = None,
-                  buckets: Optional[dict] = None, verify: bool = False,
-                  measure_topk: int = 0, check: bool = True) -> tvm.transform.Pass:
+                  cache=UNSET, progress=UNSET, buckets=UNSET, verify=UNSET,
+                  measure_topk=UNSET, check: bool = True) -> tvm.transform.Pass:
     """A module pass that schedules every unscheduled PrimFunc with roller.
 
-    ``target``: a target or the planner's :class:`Context`. ``cache``: see
-    :func:`schedule_cache`. ``progress``: a tqdm bar over functions; None = only for modules
-    with many functions. A function with symbolic extents is planned per bucket of its shape
-    variables, within the bounds the module's Relax functions give them; ``buckets`` (variable
-    name -> bucket upper ends) replaces the default powers of two. ``verify``: each kernel run
-    once against TVM's default build of its function on random inputs; one that differs is an
+    ``target``: a target or the planner's :class:`Context`, whose options (cache, progress,
+    buckets, verify, measure) it reads; an option given here changes the Context's. For a
+    target: ``cache`` True (the default persistent cache), False / None (none) or a
+    ScheduleCache. ``progress``: a tqdm bar over functions; None = only for modules with many
+    functions. A function with symbolic extents is planned per bucket of its shape variables,
+    within the bounds the module's Relax functions give them; ``buckets`` (variable name ->
+    bucket upper ends) replaces the default powers of two. ``verify``: each kernel run once
+    against TVM's default build of its function on random inputs; one that differs is an
     error entry and the function falls back (``planner.verify``). ``measure_topk`` (> 1): each
     function's best ``measure_topk`` candidates built and timed on this machine, the fastest
     kept and cached (``planner.measure``). ``check``: each kernel built alone as it is
     scheduled, so one TVM cannot compile falls back alone (``compile`` first builds without, and
     checks only if the whole build fails: the kernels' own builds are ~40% of a compile).
     ``report`` gets one dict per PrimFunc (:class:`~tvm_roller.planner.FuncReport`)."""
-    ctx = Context.make(target, device, schedule_cache(cache),
-                       Measure(measure_topk) if measure_topk > 1 else None)
+    ctx = relax_context(target, device, cache=cache, progress=progress, buckets=buckets,
+                        verify=verify, measure_topk=measure_topk)
 
     @tvm.transform.module_pass(opt_level=0, name="RollerSchedule")
     def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         todo = [(gv, f) for gv, f in mod.functions_items()
                 if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)]
-        options = ScheduleOptions(module_bounds(mod), buckets, verify=verify)
+        options = ScheduleOptions(module_bounds(mod), ctx.buckets, verify=ctx.verify)
         entries: List[FuncReport] = []
-        for gv, func in _progress(todo, progress):
+        for gv, func in _progress(todo, ctx.progress):
             t0 = time.perf_counter()
-            res = schedule_function(func, ctx, gv.name_hint, options, check or verify)
+            res = schedule_function(func, ctx, gv.name_hint, options, check or ctx.verify)
             if res.kernel is not None:
                 mod[gv] = res.kernel
             res.entry.schedule_s = time.perf_counter() - t0

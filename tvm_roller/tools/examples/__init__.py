@@ -1,1 +1,0 @@
-"""Example PyTorch models for ``tvm-roller compile-model`` (see :mod:`tvm_roller.tools.examples.models`)."""
