@@ -1,13 +1,13 @@
 """Compare a suite run with a stored one: each workload's ratio to PyTorch, now against then.
 
 Pure functions on ``runs.SuiteRun`` records (no TVM, no timing). Ratios, not times, are compared:
-torch / roller measured in the same process cancels most of what the machine's state does to
-both. A workload is flagged when its ratio fell by more than 15% (``now < 0.85 x stored``) or
+torch / roller timed alternately in one process cancels a machine that is uniformly slower or
+faster, not one whose other processes take a core (see ``quiet``). A workload is flagged when its ratio fell by more than 15% (``now < 0.85 x stored``) or
 when it failed now after passing then. A row notes "plan changed" when roller scheduled a
 different kernel (the runs' plan digests differ): a changed ratio then has a cause in the code or
 the device model, not only in the machine's state; and when other processes used more than 10% of
-the CPUs while a run timed the workload (a 2-thread PyTorch peer slows by up to 100x then). Runs are comparable only on one machine class
-and target: ``mismatch`` says why not.
+the CPUs while a run timed the workload (a 2-thread PyTorch peer slows by up to 100x then). Runs
+are comparable only on one machine class and target: ``mismatch`` says why not.
 """
 from __future__ import annotations
 
