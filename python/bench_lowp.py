@@ -4,7 +4,14 @@ int8, with the accuracy against the float32 model. Everything in one process, in
 (``harness.bench.interleaved``).
 
     python python/bench_lowp.py --gemm                 # GEMM / batch-matmul shapes
+    python python/bench_lowp.py --gemm --routes        # and every micro-kernel route per shape
     python python/bench_lowp.py --models bert          # BERT-base, 128 tokens
+
+``--llvm-target JSON`` plans and builds roller's kernels for that target (e.g. AMX masked off:
+'{"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-amx-tile", "-amx-bf16", "-amx-int8"]}').
+``--routes``: for each shape and low-precision dtype, the best-predicted tile of every route the
+device model has is built and timed: whether the route predicted fastest is the one measured
+fastest.
 """
 from __future__ import annotations
 
@@ -32,13 +39,12 @@ def _gemm_func(b, m, n, k, a_dt, b_dt, acc):
     return te.create_prim_func([A, B, C])
 
 
-def bench_gemms(rounds: int) -> list:
+def bench_gemms(rounds: int, target) -> list:
     import numpy as np
     import torch
     import tvm
 
     import tvm_roller
-    from tvm_roller.hardware import host_target
     from harness.bench.interleaved import time_blocks
 
     dev, rows = tvm.cpu(), []
@@ -53,7 +59,7 @@ def bench_gemms(rounds: int) -> list:
                 "roller fp32": (a32, b32, ("float32", "float32", "float32")),
                 "roller bf16": (a32.bfloat16(), b32.bfloat16(), ("bfloat16", "bfloat16", "float32")),
                 "roller int8": (a8, b8, ("uint8", "int8", "int32"))}.items():
-            lib = tvm_roller.build(_gemm_func(b, m, n, k, *dts), host_target())
+            lib = tvm_roller.build(_gemm_func(b, m, n, k, *dts), target)
             args = [_tvm(x, dts[0]), _tvm(y, dts[1]), tvm.runtime.empty((b, m, n), dts[2], dev)]
             runs[label] = (lambda lib=lib, args=args: lib(*args))
         ab, bb = a32.bfloat16(), b32.bfloat16()
@@ -242,13 +248,25 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=32, help="inputs for the accuracy")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--llvm-target", default=None, help="JSON target for roller's kernels")
+    ap.add_argument("--routes", action="store_true", help="time every route per shape")
+    ap.add_argument("--shapes", default=None, help="indices into GEMMS, e.g. 0,3")
     args = ap.parse_args()
     import tvm_roller  # noqa: F401  (the thread pool before torch starts its own)
-    del tvm_roller
-    out = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename}
+    from tvm_roller.hardware import host_target
+    target = json.loads(args.llvm_target) if args.llvm_target else host_target()
+    if args.shapes:
+        GEMMS[:] = [GEMMS[int(i)] for i in args.shapes.split(",")]
+    out = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,
+           "target": args.llvm_target or "host"}
     if args.gemm:
-        out["gemm"] = bench_gemms(args.rounds)
+        out["gemm"] = bench_gemms(args.rounds, target)
         print(_gemm_table(out["gemm"]))
+    if args.routes:
+        from harness.bench.routes import bench_routes, routes_table
+
+        out["routes"] = bench_routes(GEMMS, _gemm_func, args.rounds, target)
+        print(routes_table(out["routes"]))
     if args.models:
         out["models"] = [bench_model(m, args.rounds, args.samples, not args.no_inductor)
                          for m in args.models.split(",")]

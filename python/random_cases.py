@@ -4,11 +4,23 @@ isolated worker (``harness.random_cases``).
     python python/random_cases.py --target cpu --seed 0 -n 200 --out cpu.jsonl
     python python/random_cases.py --target cuda --seed 0 -n 100 --jobs 2 --markdown
     python python/random_cases.py --target cpu --seed 0 --only 17,42   # re-run two cases
+    python python/random_cases.py --seed 0 -n 100 --lowp --families matmul,batch_matmul \
+        --llvm-target '{"kind":"llvm","mcpu":"haswell","num-cores":2}'
 
 CPU: roller's build run and compared with TVM's unscheduled float64 build. CUDA (no GPU
 needed): lowered, verified, nvcc/ptxas-compiled and held against the device's limits, and its
 CPU replica compared. Case ``i`` of a seed does not depend on ``-n``, so ``--only i`` re-runs
-exactly the case a big run reported (with the same ``--target`` and ``--families``).
+exactly the case a big run reported (with the same ``--target``, ``--families``, ``--lowp``).
+
+``--llvm-target JSON``: build the CPU cases for any llvm target (a TVM target dict as JSON, e.g.
+``{"kind":"llvm","mtriple":"aarch64-linux-gnu","mattr":["+neon","+dotprod"]}``) instead of the
+host. The same cases are drawn for every target. Where this host can run the target's code (same
+architecture, and the target's instruction-set features among the host's:
+``harness.random_cases.targets``) each case is run and compared as usual; elsewhere it is compiled
+to an object file and counted as *not_run* ("built, not run", with the reason), which is neither
+ok nor a failure. ``--lowp`` draws the matmuls and batch matmuls as bf16 x bf16 -> float32,
+int8 x int8, uint8 x int8 and uint8 x uint8 -> int32 for every CPU target (the host or an
+``--llvm-target``); a product roller declines for the target is a *decline* with its reason.
 
 Exit status 1 when any case was wrong, crashed, hung, raised, failed nvcc or broke a limit.
 """
@@ -18,8 +30,8 @@ import argparse
 import sys
 import time
 
-from harness.random_cases import families, report, runner
-from harness.random_cases.case import OK, Result
+from harness.random_cases import families, report, runner, targets
+from harness.random_cases.case import NOT_RUN, OK, Result
 
 
 def _parse(argv):
@@ -35,16 +47,21 @@ def _parse(argv):
     ap.add_argument("--families", help="comma-separated families (default all): "
                     + ", ".join(families.FAMILIES))
     ap.add_argument("--only", help="comma-separated case indices to run (others skipped)")
-    ap.add_argument("--lowp", action="store_true", help="CPU matmuls of bf16 / int8 / uint8 "
-                    "operands (the AMX kernels); pass it again with --only")
+    ap.add_argument("--lowp", action="store_true", help="CPU matmuls and batch matmuls of "
+                    "bf16 x bf16, int8 x int8, uint8 x int8 and uint8 x uint8 operands, for any "
+                    "CPU target; pass it again with --only")
+    ap.add_argument("--llvm-target", metavar="JSON", help="build the CPU cases for this llvm "
+                    "target, e.g. '{\"kind\":\"llvm\",\"mcpu\":\"haswell\",\"num-cores\":2}'; "
+                    "cases this host cannot run are built and counted as not_run")
     ap.add_argument("--markdown", action="store_true", help="also print the markdown table")
-    ap.add_argument("--quiet", action="store_true", help="no progress line per case")
+    ap.add_argument("--quiet", action="store_true", help="progress lines only for cases that "
+                    "are not ok (nor built, not run)")
     return ap.parse_args(argv)
 
 
 def _progress(quiet: bool):
     def show(r: Result, done: int, total: int) -> None:
-        if quiet and r.outcome == OK:
+        if quiet and r.outcome in (OK, NOT_RUN):
             return
         msg = f"  {r.message[:200]}" if r.message else ""
         print(f"[{done:4d}/{total}] {r.outcome:10s} {r.seconds:6.2f}s  {r.case.label()}{msg}",
@@ -58,7 +75,10 @@ def main(argv=None) -> int:
     only = sorted({int(i) for i in args.only.split(",")}) if args.only else None
     n = max(only) + 1 if only else args.n
     try:
-        cases = families.generate(args.seed, n, args.target, fams, args.lowp)
+        if args.llvm_target and args.target != "cpu":
+            raise ValueError("--llvm-target is for --target cpu")
+        llvm_target = targets.parse(args.llvm_target) if args.llvm_target else ""
+        cases = families.generate(args.seed, n, args.target, fams, args.lowp, llvm_target)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -66,6 +86,16 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c.index in set(only)]
     print(f"{len(cases)} {args.target} case(s), seed {args.seed}, {args.jobs} job(s), "
           f"timeout {args.timeout:g} s", flush=True)
+    if llvm_target:
+        tgt = targets.target(llvm_target)
+        verdict = targets.can_run(tgt)
+        if verdict.ok:
+            how = "run and compared here"
+        elif targets.needs_asm(tgt):  # decided per case from the built code's assembly
+            how = f"run where the built code allows ({verdict.reason})"
+        else:
+            how = f"built, not run ({verdict.reason})"
+        print(f"llvm target {llvm_target}: {how}", flush=True)
     t0 = time.perf_counter()
     results = runner.run_cases(cases, args.out, args.timeout, args.jobs,
                                _progress(args.quiet))
@@ -74,12 +104,15 @@ def main(argv=None) -> int:
     print(report.text(summary))
     if args.markdown:
         print()
-        print(report.markdown(summary, f"Random cases: {args.target}, seed {args.seed}, "
+        on = f" ({llvm_target})" if llvm_target else ""
+        print(report.markdown(summary, f"Random cases: {args.target}{on}, seed {args.seed}, "
                                        f"{len(results)} cases"))
     print(f"\n{len(results)} case(s) in {time.perf_counter() - t0:.1f} s"
           + (f"; results in {args.out}" if args.out else ""))
     if summary.failed:
         fam = f" --families {args.families}" if args.families else ""
+        fam += " --lowp" if args.lowp else ""
+        fam += f" --llvm-target '{llvm_target}'" if llvm_target else ""
         idx = ",".join(str(r.case.index) for r in summary.failures)
         print(f"re-run the failures: python python/random_cases.py --target {args.target} "
               f"--seed {args.seed}{fam} --only {idx}")

@@ -2,7 +2,8 @@
 float64 forward of the same model with its weights replaced by their dequantized values (the
 remaining difference is the activations' 8-bit quantization, so a token must be the reference's
 argmax or within a small margin of it); weights of shapes a format cannot take stay float32 with
-their reason; the float32 copies are not kept."""
+their reason; the float32 copies are not kept. On the AVX-512 VNNI target, and on an AVX2-only
+one (Haswell: the vpmaddubsw route, int8 weights as signed bytes)."""
 from __future__ import annotations
 
 import copy
@@ -10,19 +11,23 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tvm.target import codegen
 
 transformers = pytest.importorskip("transformers")
 
 import tvm_roller.llm as llm  # noqa: E402
 from tvm_roller.backends.cpu.quant_format import FORMATS, dequantize, quantize, \
     shape_reason  # noqa: E402
-from tvm_roller.backends.cpu.quant_linear import has_int8_dot  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 
 from conftest import VNNI_TARGET, device_for  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not has_int8_dot(host_target()),
-                                reason="this CPU has no AVX-512 VNNI")
+AVX2_TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+
+
+def _host_has(feature: str):
+    return pytest.mark.skipif(not codegen.target_has_features(feature, host_target()),
+                              reason=f"this CPU has no {feature}")
 
 
 def _model(family: str, vocab: int):
@@ -54,14 +59,8 @@ def _dequantized(model, fmt: str):
     return ref
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("family,vocab,prompt", [("llama", 112, 5), ("qwen2", 97, 1),
-                                                  ("qwen2", 128, 11)])
-def test_quantized_tokens_follow_the_dequantized_float64_model(fmt, family, vocab, prompt):
-    model = _model(family, vocab)
-    # planned for the pinned VNNI target (run where the host has VNNI)
-    lm = llm.compile(model, VNNI_TARGET, max_seq_len=48, weights=fmt,
-                     device=device_for(VNNI_TARGET), cache=False)
+def _check_tokens(lm, model, fmt: str, vocab: int, prompt: int) -> None:
+    """32 greedy tokens, each the dequantized float64 model's argmax or within its margin."""
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(prompt))
     out = lm.generate(ids, 32)
     with torch.no_grad():
@@ -71,6 +70,18 @@ def test_quantized_tokens_follow_the_dequantized_float64_model(fmt, family, voca
     # the activations' 8-bit rounding moves a logit by well under 2% of the logits' spread
     assert (gap <= 0.02 * logits.std()).all(), gap.max() / logits.std()
     assert (gap == 0).mean() >= 0.9
+
+
+@_host_has("avx512vnni")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("family,vocab,prompt", [("llama", 112, 5), ("qwen2", 97, 1),
+                                                  ("qwen2", 128, 11)])
+def test_quantized_tokens_follow_the_dequantized_float64_model(fmt, family, vocab, prompt):
+    model = _model(family, vocab)
+    # planned for the pinned VNNI target (run where the host has VNNI)
+    lm = llm.compile(model, VNNI_TARGET, max_seq_len=48, weights=fmt,
+                     device=device_for(VNNI_TARGET), cache=False)
+    _check_tokens(lm, model, fmt, vocab, prompt)
     weights = [e for e in lm.report if e["kind"] == "quant-weight"]
     declined = [e for e in weights if e["status"] != "roller"]
     if vocab % 16:  # the embedding / LM head table: declined with its reason, kept float32
@@ -83,3 +94,14 @@ def test_quantized_tokens_follow_the_dequantized_float64_model(fmt, family, voca
     kept = sum(w.numpy().nbytes for w in lm.decode_weights)
     full = sum(p.numel() * 4 for p in model.parameters())
     assert kept < (0.45 if fmt == "int8" else 0.3) * full or declined
+
+
+@_host_has("avx2")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_tokens_on_an_avx2_cpu(fmt):
+    """Haswell (no AVX-512, no VNNI): the vpmaddubsw route, ymm only; the same tokens check."""
+    model = _model("llama", 112)
+    lm = llm.compile(model, AVX2_TARGET, max_seq_len=48, weights=fmt,
+                     device=device_for(AVX2_TARGET), cache=False)
+    _check_tokens(lm, model, fmt, 112, 5)
+    assert any(e["kind"] == "quant-linear" for e in lm.report)

@@ -151,10 +151,11 @@ def test_plan_change_is_noted():
     now = _run({"GMM:0": planned(0.5, "ccc"), "GMM:1": planned(1.0, "bbb"),
                 "GMM:2": planned(1.0, "ddd")})
     rows = {r.workload: r for r in compare.compare_runs(stored, now).rows}
-    assert (rows["GMM:0"].flag, rows["GMM:0"].note) == (compare.SLOWER, "plan changed")
+    assert rows["GMM:0"].flag == compare.SLOWER
+    assert rows["GMM:0"].note == "plan changed; time now / stored: roller x1.00, torch x0.50"
     assert rows["GMM:1"].note == "" and rows["GMM:2"].note == ""
     text = compare.format_comparison(compare.compare_runs(stored, now), stored)
-    assert "SLOWER (plan changed)" in text
+    assert "SLOWER (plan changed; time now / stored: roller x1.00, torch x0.50)" in text
 
 
 def test_busy_machine_is_noted():
@@ -168,6 +169,17 @@ def test_busy_machine_is_noted():
     now = _run({"GMM:0": busy(0.5, 0.45), "GMM:1": busy(1.0, 0.1), "GMM:2": busy(1.0, 0.05)})
     rows = {r.workload: r for r in compare.compare_runs(stored, now).rows}
     assert rows["GMM:0"].flag == compare.SLOWER
-    assert rows["GMM:0"].note == "now: other processes used 45% of the CPUs"
+    assert rows["GMM:0"].note == ("time now / stored: roller x1.00, torch x0.50; "
+                                  "now: other processes used 45% of the CPUs")
     assert rows["GMM:1"].note == "stored: other processes used 30% of the CPUs"
     assert rows["GMM:2"].note == ""
+
+
+def test_a_flag_says_which_side_moved():
+    """roller twice as slow with PyTorch unchanged reads differently from PyTorch twice as fast."""
+    stored = _run({"GMM:0": _wl(2.0, roller=1e-4), "GMM:1": _wl(2.0, roller=1e-4)})
+    now = _run({"GMM:0": _wl(1.0, roller=2e-4),  # torch 2e-4 both times: roller's regression
+                "GMM:1": _wl(1.0, roller=1e-4)})  # torch 2e-4 -> 1e-4: PyTorch's
+    rows = {r.workload: r for r in compare.compare_runs(stored, now).rows}
+    assert rows["GMM:0"].note == "time now / stored: roller x2.00, torch x1.00"
+    assert rows["GMM:1"].note == "time now / stored: roller x1.00, torch x0.50"

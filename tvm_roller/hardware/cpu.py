@@ -229,8 +229,9 @@ def _isa_from_table(mcpu: str, mattr: List[str], arch: str) -> str:
     return isa
 
 
-#: LLVM features naming a low-precision product a kernel may be built from
-MATRIX_FEATURES = ("amx-bf16", "amx-int8", "avx512bf16", "avx512vnni")
+#: LLVM features naming a low-precision product a micro-kernel route may be built from
+MATRIX_FEATURES = ("amx-bf16", "amx-int8", "avx512bf16", "avx512vnni", "avxvnni", "avx512bw",
+                   "dotprod", "i8mm")
 
 
 def matrix_units(feats: Set[str]) -> Tuple[str, ...]:

@@ -63,8 +63,13 @@ class CpuTraits:
     # operands in L1), measured by calibrate(); None: the micro-model's analytical efficiency
     tile_gflops: Optional[Dict[str, float]] = None
     # the target's matrix and dot-product instructions by LLVM feature name ("amx-bf16",
-    # "amx-int8", "avx512bf16", "avx512vnni"): which low-precision products it has
+    # "amx-int8", "avx512bf16", "avx512vnni", "avxvnni", "avx512bw", "dotprod", "i8mm"):
+    # which micro-kernel routes it has
     matrix_units: Tuple[str, ...] = ()
+    # one core's rate of each micro-kernel route per block, "<route>:<rows>x<cols>"
+    # (GFLOP/s or GOP/s, operands in L1), measured by the CPU backend's route calibration;
+    # None: the routes' presets
+    route_gops: Optional[Dict[str, float]] = None
 
 
 @dataclass(frozen=True, kw_only=True)

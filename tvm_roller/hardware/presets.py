@@ -81,6 +81,7 @@ class _CpuFigures:
     dram: Tuple[int, float]
     dtypes: Tuple[str, ...]
     dram_gbs_single_core: float
+    units: Tuple[str, ...] = ()  # dot-product / matrix features (``CpuTraits.matrix_units``)
 
 
 def _bw(bytes_per_cycle: float, ghz: float, efficiency: float, cores: int = 1) -> float:
@@ -100,7 +101,8 @@ def _cpu(key: str) -> DeviceModel:
         num_vector_registers=f.vregs, levels=levels,
         peak_gflops=cpu_peak_gflops(f.cores, f.ghz, f.fma, f.simd, list(f.dtypes)),
         frequency_ghz=f.ghz, isa=f.isa, source=f"preset:{key}",
-        cpu=CpuTraits(fma_units=float(f.fma), dram_gbs_single_core=f.dram_gbs_single_core),
+        cpu=CpuTraits(fma_units=float(f.fma), dram_gbs_single_core=f.dram_gbs_single_core,
+                      matrix_units=f.units),
     )
 
 
@@ -128,23 +130,25 @@ _CPU_FIGURES: Dict[str, _CpuFigures] = {
     #   frequency licence), so the peak here is an upper bound. DRAM: 6 x 8 B x 2933 MT/s =
     #   140.8 GB/s peak, ~75 % sustained (STREAM on one socket ~100-110 GB/s). One Skylake-SP
     #   core reaches only ~12 GB/s of DRAM. L3 on the mesh sustains ~12 B/cycle per core under
-    #   all-core load. Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids).
+    #   all-core load. Cascade Lake has no AVX512-FP16 (that starts with Sapphire Rapids);
+    #   it has AVX512-BW and AVX512-VNNI (vpdpbusd), no AVX512-BF16.
     "x86-avx512": _CpuFigures(
         "x86-avx512 (Intel Xeon Gold 6248 / Cascade Lake-SP, 20 cores)", "avx512", 20, 2.5, 2,
         64, 32, (32 * KiB, 128, 0.9), (1 * MiB, 64, 0.6), (int(27.5 * MiB), 12, 1.0),
-        (192 * GiB, 140.8 * 0.75), ("float32", "float64"), 12.0),
+        (192 * GiB, 140.8 * 0.75), ("float32", "float64"), 12.0, ("avx512vnni", "avx512bw")),
     # arm-neon: AWS Graviton2 (Arm Neoverse N1), 64 cores.
     #   AWS: 64 cores at 2.5 GHz, 8 x DDR4-3200; Arm Neoverse N1 TRM / Software Optimization
     #   Guide: L1d 64 KiB, L2 1 MiB private per core, 64 B lines; 32 MiB shared system-level
     #   cache (CMN-600); 2 x 128-bit ASIMD/FP pipes, both FMA-capable; 2 x 16 B loads/cycle;
-    #   32 v-registers; Armv8.2 FP16 arithmetic (8 fp16 lanes per 128-bit FMA).
+    #   32 v-registers; Armv8.2 FP16 arithmetic (8 fp16 lanes per 128-bit FMA); the
+    #   dot-product extension (sdot / udot), no i8mm.
     #   DRAM: 8 x 8 B x 3200 MT/s = 204.8 GB/s peak, ~75 % sustained (STREAM ~150 GB/s);
     #   one N1 core reaches ~18 GB/s. The L2 -> L1 path is bounded by the 32 B/cycle load
     #   ports; the SLC over the mesh sustains ~6 B/cycle per core under all-core load.
     "arm-neon": _CpuFigures(
         "arm-neon (AWS Graviton2 / Neoverse N1, 64 cores)", "neon", 64, 2.5, 2, 16, 32,
         (64 * KiB, 32, 0.9), (1 * MiB, 32, 0.7), (32 * MiB, 6, 1.0), (256 * GiB, 204.8 * 0.75),
-        ("float32", "float64", "float16"), 18.0),
+        ("float32", "float64", "float16"), 18.0, ("dotprod",)),
 }
 
 for _key in _CPU_FIGURES:

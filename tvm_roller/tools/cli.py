@@ -66,10 +66,16 @@ def _cmd_suite(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from tvm_roller.backends.cpu.microkernel.calibrate import with_route_rates
     from tvm_roller.hardware import calibrate
+    from tvm_roller.hardware.target import normalize_target
 
-    model = calibrate(target=_target(args.target), quick=args.quick)
+    target = normalize_target(_target(args.target) or {"kind": "llvm"})
+    model = with_route_rates(target, calibrate(target=target, quick=args.quick), measure=True,
+                             again=True)
     print(str(model))
+    for key, gops in sorted((model.cpu.route_gops or {}).items()):
+        print(f"  micro-kernel route {key:24s} {gops:9.1f} GOP/s per core (measured)")
     return 0
 
 

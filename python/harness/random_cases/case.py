@@ -11,11 +11,12 @@ from typing import Any, Mapping, Optional, Union
 
 Param = Union[int, str]
 
-# what one check can end in; the first two are the only good ones
-OK, DECLINE = "ok", "decline"
+# what one check can end in; the first three are no failures. NOT_RUN: built (and compiled to
+# machine code) for a ``--llvm-target`` this host cannot run, so neither ok nor wrong
+OK, DECLINE, NOT_RUN = "ok", "decline", "not_run"
 WRONG, ERROR, CRASH, HANG = "wrong", "error", "crash", "hang"
 NVCC_FAIL, OVER_LIMIT = "nvcc_fail", "over_limit"
-OUTCOMES = (OK, DECLINE, WRONG, ERROR, CRASH, HANG, NVCC_FAIL, OVER_LIMIT)
+OUTCOMES = (OK, DECLINE, NOT_RUN, WRONG, ERROR, CRASH, HANG, NVCC_FAIL, OVER_LIMIT)
 FAILURES = frozenset({WRONG, ERROR, CRASH, HANG, NVCC_FAIL, OVER_LIMIT})
 
 TARGETS = ("cpu", "cuda")
@@ -28,7 +29,8 @@ class Case:
     """One random case: ``families.make_func`` rebuilds its PrimFunc from these fields alone.
 
     ``params`` holds ints and strings only (shapes as ``"3x5x7"``, axis lists as ``"0,2"``) so
-    that a case read back from JSON compares equal to the generated one."""
+    that a case read back from JSON compares equal to the generated one. ``llvm_target``: the
+    CPU target the case is built for, as canonical JSON (``--llvm-target``; "" = the host)."""
 
     seed: int
     index: int
@@ -37,6 +39,7 @@ class Case:
     target: str  # "cpu" | "cuda"
     params: Mapping[str, Param] = field(default_factory=dict)
     inject: str = ""  # test-only fault, one of INJECTIONS
+    llvm_target: str = ""  # JSON of an llvm target dict; "" builds for the host
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -48,7 +51,8 @@ class Case:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Case":
         return cls(int(d["seed"]), int(d["index"]), str(d["family"]), str(d["dtype"]),
-                   str(d["target"]), dict(d.get("params", {})), str(d.get("inject", "")))
+                   str(d["target"]), dict(d.get("params", {})), str(d.get("inject", "")),
+                   str(d.get("llvm_target", "")))
 
     def label(self) -> str:
         """A one-line name: ``#12 conv2d_nhwc float32 N=1 H=7 ...``."""

@@ -34,10 +34,17 @@ Params = Dict[str, Param]
 @dataclass(frozen=True)
 class Dtypes:
     """The case's element types: ``data`` of the inputs, ``acc`` of reductions and outputs that
-    accumulate (float32 for float16 matmuls: a tensor-core kernel's usual contract)."""
+    accumulate (float32 for float16 matmuls: a tensor-core kernel's usual contract), and
+    ``data_b`` of a matmul's second operand when it differs from the first (uint8 x int8)."""
 
     data: str
     acc: str
+    data_b: str = ""
+
+    @property
+    def b(self) -> str:
+        """The element type of a matmul's second operand."""
+        return self.data_b or self.data
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ def _draw_matmul(d: Draw) -> Optional[Params]:
 def _build_matmul(p: Mapping[str, Param], dt: Dtypes) -> Built:
     m, n, k, tb = int(p["M"]), int(p["N"]), int(p["K"]), bool(p["trans_b"])
     a = te.placeholder((m, k), dt.data, name="A")
-    b = te.placeholder((n, k) if tb else (k, n), dt.data, name="B")
+    b = te.placeholder((n, k) if tb else (k, n), dt.b, name="B")
     return Built((a, b, _matmul(a, b, dt.acc, tb, "C")), k)
 
 
@@ -178,7 +185,7 @@ def _draw_batch_matmul(d: Draw) -> Optional[Params]:
 def _build_batch_matmul(p: Mapping[str, Param], dt: Dtypes) -> Built:
     bs, m, n, k, tb = (int(p[x]) for x in ("B", "M", "N", "K", "trans_b"))
     a = te.placeholder((bs, m, k), dt.data, name="A")
-    b = te.placeholder((bs, n, k) if tb else (bs, k, n), dt.data, name="B")
+    b = te.placeholder((bs, n, k) if tb else (bs, k, n), dt.b, name="B")
     return Built((a, b, _matmul(a, b, dt.acc, bool(tb), "C")), k)
 
 
@@ -729,22 +736,38 @@ FAMILIES: Dict[str, Family] = {
 }
 
 
-#: low-precision operands and their accumulators (``--lowp``: the CPU's tile products)
+#: low-precision first operands and their accumulators (``--lowp``, on every CPU target: the
+#: AMX tiles, AVX-512 / AVX VNNI and AVX512-BF16 dot products, or plain conversions)
 LOW_PRECISION = {"bfloat16": "float32", "int8": "int32", "uint8": "int32"}
-_LOWP_FAMILIES = ("matmul", "batch_matmul")
+#: the second operand's types drawn with each first operand's (its own stream): bf16 x bf16,
+#: int8 x int8, and uint8 x int8 (VNNI's vpdpbusd) or uint8 x uint8
+LOW_PRECISION_B = {"bfloat16": ("bfloat16",), "int8": ("int8",), "uint8": ("int8", "uint8")}
+LOWP_FAMILIES = ("matmul", "batch_matmul")
 
 
 def _draw_dtype(d: Draw, fam: Family, family: str, lowp: bool) -> str:
-    if lowp and d.target == "cpu" and family in _LOWP_FAMILIES:
+    if lowp and d.target == "cpu" and family in LOWP_FAMILIES:
         return list(LOW_PRECISION)[d.int(0, len(LOW_PRECISION) - 1)]
     if d.target == "cuda" and fam.half and d.chance(0.4):
         return "float16"
     return "float64" if d.chance(0.25) else "float32"
 
 
-def draw_case(seed: int, index: int, family: str, target: str, lowp: bool = False) -> Case:
+def _draw_b_dtype(seed: int, index: int, dtype: str) -> str:
+    """The second operand's type of a low-precision case, from a stream of its own (so the
+    rest of the case is what it was before uint8 x int8 was drawn)."""
+    options = LOW_PRECISION_B[dtype]
+    return options[int(np.random.default_rng([seed, index, 3]).integers(len(options)))]
+
+
+def draw_case(seed: int, index: int, family: str, target: str, lowp: bool = False,
+              llvm_target: str = "") -> Case:
     """Case ``index`` of ``seed`` in ``family`` for ``target`` ("cpu" or "cuda"); ``lowp``:
-    CPU matmuls of bf16 / int8 / uint8 operands (accumulating in float32 / int32)."""
+    CPU matmuls of bf16 x bf16, int8 x int8, uint8 x int8 or uint8 x uint8 operands
+    (accumulating in float32 / int32). ``llvm_target`` (canonical JSON, see ``targets``) is
+    the CPU the case is built for; it does not change what is drawn."""
+    if llvm_target and target != "cpu":
+        raise ValueError(f"an llvm target is for CPU cases, not {target!r}")
     fam = FAMILIES[family]
     d = Draw(np.random.default_rng([seed, index, 1]), target)
     dtype = _draw_dtype(d, fam, family, lowp)
@@ -758,7 +781,10 @@ def draw_case(seed: int, index: int, family: str, target: str, lowp: bool = Fals
         params["acc"] = "float32"
     if dtype in LOW_PRECISION:
         params["acc"] = LOW_PRECISION[dtype]
-    return Case(seed, index, family, dtype, target, params)
+        b_dtype = _draw_b_dtype(seed, index, dtype)
+        if b_dtype != dtype:
+            params["b_dtype"] = b_dtype
+    return Case(seed, index, family, dtype, target, params, llvm_target=llvm_target)
 
 
 def family_names(only: Optional[Sequence[str]] = None) -> List[str]:
@@ -773,9 +799,12 @@ def family_names(only: Optional[Sequence[str]] = None) -> List[str]:
 
 
 def generate(seed: int, n: int, target_kind: str,
-             families: Optional[Sequence[str]] = None, lowp: bool = False) -> List[Case]:
+             families: Optional[Sequence[str]] = None, lowp: bool = False,
+             llvm_target: str = "") -> List[Case]:
     """``n`` cases for ``target_kind`` ("cpu" or "cuda"), deterministic for ``seed``: the
-    families take turns, each block of ``len(families)`` cases in its own shuffled order."""
+    families take turns, each block of ``len(families)`` cases in its own shuffled order.
+    ``llvm_target``: build the CPU cases for this target (canonical JSON: ``targets.parse``)
+    rather than the host; the same cases are drawn for every CPU target."""
     if target_kind not in ("cpu", "cuda"):
         raise ValueError(f"target kind {target_kind!r}: expected cpu or cuda")
     names = family_names(families)
@@ -783,14 +812,16 @@ def generate(seed: int, n: int, target_kind: str,
     for i in range(n):
         block, pos = divmod(i, len(names))
         order = np.random.default_rng([seed, block, 0]).permutation(len(names))
-        cases.append(draw_case(seed, i, names[int(order[pos])], target_kind, lowp))
+        cases.append(draw_case(seed, i, names[int(order[pos])], target_kind, lowp,
+                               llvm_target))
     return cases
 
 
 def dtypes_of(case: Case, dtype: Optional[str] = None) -> Dtypes:
     if dtype is not None:
         return Dtypes(dtype, dtype)
-    return Dtypes(case.dtype, str(case.params.get("acc", case.dtype)))
+    return Dtypes(case.dtype, str(case.params.get("acc", case.dtype)),
+                  str(case.params.get("b_dtype", "")))
 
 
 def build(case: Case, dtype: Optional[str] = None) -> Built:

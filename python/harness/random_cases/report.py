@@ -1,9 +1,11 @@
 """The summary of a run: outcomes per family, decline reasons, CUDA facts, failures.
 
 Decline reasons are grouped with their numbers blanked (``#``), so one refusal met at many
-sizes is one line. The tensor-core rate counts float16 matmuls with every extent at least 16
-(what an MMA tile can cover) that were scheduled, nvcc-compiled and whose PTX uses tensor
-cores. A run *fails* (nonzero exit status of the command) when any case is wrong, crashed,
+sizes is one line. Cases built for an ``--llvm-target`` this host cannot run are counted as
+*not_run* (built, not run: no failure, and not ok either) with the reason; the column shows
+only when there are such cases. The tensor-core rate counts float16 matmuls with every extent
+at least 16 (what an MMA tile can cover) that were scheduled, nvcc-compiled and whose PTX uses
+tensor cores. A run *fails* (nonzero exit status of the command) when any case is wrong, crashed,
 hung, raised, failed nvcc or broke a device limit.
 """
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from harness.random_cases.case import (DECLINE, FAILURES, NVCC_FAIL, OUTCOMES, OVER_LIMIT,
-                                       Result)
+from harness.random_cases.case import (DECLINE, FAILURES, NOT_RUN, NVCC_FAIL, OUTCOMES,
+                                       OVER_LIMIT, Result)
 
 CUDA_ONLY = (NVCC_FAIL, OVER_LIMIT)
 
@@ -32,6 +34,7 @@ class Summary:
     not_checked: Mapping[str, int]  # CUDA correctness not checked, by reason
     tensor_core: Optional[Tuple[int, int]]  # (used, eligible) fp16 matmuls, extents >= 16
     seconds: Tuple[float, float, float]  # mean, median, max per case
+    not_run: Optional[Mapping[str, int]] = None  # built, not run (llvm target): reason -> n
 
     @property
     def decline_rate(self) -> float:
@@ -42,8 +45,10 @@ class Summary:
         return bool(self.failures)
 
     def columns(self) -> List[str]:
-        """Outcome columns for the table: the CUDA-only ones only when there are CUDA cases."""
-        return [o for o in OUTCOMES if o not in CUDA_ONLY or "cuda" in self.targets]
+        """Outcome columns for the table: the CUDA-only ones only when there are CUDA cases,
+        not_run only when a case was built and not run."""
+        return [o for o in OUTCOMES if (o not in CUDA_ONLY or "cuda" in self.targets)
+                and (o != NOT_RUN or self.by_outcome.get(NOT_RUN))]
 
 
 def _reason_key(message: str) -> str:
@@ -54,11 +59,14 @@ def summarize(results: Sequence[Result]) -> Summary:
     by_family: Dict[str, Counter] = defaultdict(Counter)
     reasons: Dict[str, Counter] = defaultdict(Counter)
     not_checked: Counter = Counter()
+    not_run: Counter = Counter()
     spilled, tc_used, tc_eligible = 0, 0, 0
     for r in results:
         by_family[r.case.family][r.outcome] += 1
         if r.outcome == DECLINE:
             reasons[_reason_key(r.message)][r.case.family] += 1
+        if r.outcome == NOT_RUN:
+            not_run[r.message] += 1
         correctness = str(r.facts.get("correctness", ""))
         if correctness.startswith("not checked"):
             not_checked[correctness] += 1
@@ -79,13 +87,15 @@ def summarize(results: Sequence[Result]) -> Summary:
                               key=lambda r: r.case.index)),
         spilled=spilled, not_checked=dict(not_checked),
         tensor_core=(tc_used, tc_eligible) if tc_eligible else None,
-        seconds=(statistics.fmean(secs), statistics.median(secs), max(secs)))
+        seconds=(statistics.fmean(secs), statistics.median(secs), max(secs)),
+        not_run=dict(not_run))
 
 
 def _facts_lines(s: Summary) -> List[str]:
     lines = [f"decline rate: {s.decline_rate:.1%} ({s.by_outcome.get(DECLINE, 0)} of {s.total})",
              f"seconds per case: mean {s.seconds[0]:.2f}, median {s.seconds[1]:.2f}, "
              f"max {s.seconds[2]:.2f}"]
+    lines += [f"{msg}: {n} case(s)" for msg, n in sorted((s.not_run or {}).items())]
     if "cuda" in s.targets:
         if s.tensor_core is not None:
             used, n = s.tensor_core

@@ -85,7 +85,7 @@ def _check(m, n, k, a_dt, b_dt, acc, batch=0, epilogue=None, seed=0):
     func = gemm(m, n, k, a_dt, b_dt, acc, batch, epilogue)
     plan = _plan(func)
     if plan.analysis.kind == "tiled":  # (a GEMV-like shape is a streamed reduction)
-        assert plan.rule.name == "amx" and plan.tiles[0].tensor_core.startswith("amx_")
+        assert plan.rule.name == "microkernel"
     lib = _build(func)
     rng = np.random.default_rng(seed)
     pre = (batch,) if batch else ()
@@ -172,7 +172,7 @@ def test_transposed_operands(dt, acc, m, n, k):
     C = te.compute((m, n), lambda i, j: te.sum(A[r, i].astype(acc) * B[j, r].astype(acc),
                                                 axis=r), name="C")
     func = te.create_prim_func([A, B, C])
-    assert _plan(func).rule.name == "amx"
+    assert _plan(func).rule.name == "microkernel"
     lib = _build(func)
     rng = np.random.default_rng(1)
     a, a64 = _data((k, m), dt, rng)
@@ -186,22 +186,16 @@ def test_transposed_operands(dt, acc, m, n, k):
         assert np.abs(out.numpy() - ref).max() / np.abs(ref).max() <= 1e-2
 
 
-@pytest.mark.parametrize("dt,acc,feature", [("bfloat16", "float32", "amx-bf16"),
-                                            ("int8", "int32", "amx-int8")])
-def test_declined_without_amx(dt, acc, feature):
-    """A target without AMX (the preset AVX-512 model, Zen 4) declines with the reason."""
-    func = gemm(64, 64, 64, dt, dt, acc)
-    with pytest.raises(UnsupportedError, match=feature):
-        tvm_roller.build(func, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2},
-                         device=device())
-    zen4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
-    with pytest.raises(UnsupportedError, match=feature):
-        tvm_roller.plan(func, zen4, device=device_for(zen4))
+def test_amx_planned_for_large_products():
+    """A large product on an AMX target goes to the tile products (the presets' rates)."""
+    for dt, acc in (("bfloat16", "float32"), ("uint8", "int32")):
+        plan = _plan(gemm(256, 256, 256, dt, "int8" if dt == "uint8" else dt, acc))
+        assert plan.tiles[0].tensor_core.startswith("amx_"), plan.tiles[0].tensor_core
 
 
 def test_unsupported_product_declined():
-    """bf16 accumulated in bf16 is no AMX product: declined, saying which products exist."""
-    with pytest.raises(UnsupportedError, match="no AMX product"):
+    """bf16 accumulated in bf16 is no micro-kernel product: declined, saying why."""
+    with pytest.raises(UnsupportedError, match="no micro-kernel route computes"):
         _plan(gemm(32, 32, 32, "bfloat16", "bfloat16", "bfloat16"))
 
 

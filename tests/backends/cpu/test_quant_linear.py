@@ -1,24 +1,36 @@
 """Group-quantized weights (int8, int4) and roller's integer kernels over them, against float64
-references on random data: the format, the activations' quantization, the VNNI matmul (1,
-primes, odd group counts), the embedding lookup, the Relax rewrite of constant weights (and its
-declines), the float32 dequantizing GEMV through the planner, and the decline of a target
-without VNNI."""
+references on random data: the format, the activations' quantization, the matmul on the host's
+dot-product route (1, primes, odd group counts), the embedding lookup, the Relax rewrite of
+constant weights (and its declines), the float32 dequantizing GEMV through the planner, and the
+decline of a target without a route (each route on its own: ``test_quant_routes``)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tvm
+from tvm.target import codegen
 
+from tvm_roller.backends.cpu.microkernel.quant_dot import pick_quant_route
 from tvm_roller.backends.cpu.quant_format import FORMATS, GROUP, dequantize, pack, quantize, \
     shape_reason
-from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, has_int8_dot, \
-    matmul_kernel, quantize_rows_kernel
+from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, matmul_kernel, \
+    quantize_rows_kernel
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import host_target
 
 from conftest import TARGET, VNNI_TARGET, device, device_for
 
-pytestmark = pytest.mark.skipif(not has_int8_dot(host_target()),
+
+def _host_route():
+    try:
+        return pick_quant_route(host_target())
+    except UnsupportedError:
+        return None
+
+
+# the kernels run on this host's best route; the Relax test is pinned to the VNNI target
+pytestmark = pytest.mark.skipif(_host_route() is None, reason="this CPU has no int8 dot route")
+needs_vnni = pytest.mark.skipif(not codegen.target_has_features("avx512vnni", host_target()),
                                 reason="this CPU has no AVX-512 VNNI")
 
 
@@ -59,15 +71,16 @@ def test_matmul_matches_float64(fmt, m, n, k):
     words, sc = pack(f, codes, scales)
     xq, xs, xc = _t(np.zeros((m, k), "int8")), _t(np.zeros((m, k // 32), "float32")), \
         _t(np.zeros((m, k // 32), "int32"))
-    _build(quantize_rows_kernel(f, k))(_t(x), xq, xs, xc)
+    route = pick_quant_route(host_target())
+    _build(quantize_rows_kernel(f, k, route))(_t(x), xq, xs, xc)
     # the activations: scale max|x| / 127 per group, codes round(x / scale), the correction
     xg = x.astype("f8").reshape(m, k // 32, 32)
     np.testing.assert_allclose(xs.numpy(), np.abs(xg).max(-1) / 127, rtol=1e-6)
     codes_x = xq.numpy().astype("f8").reshape(m, k // 32, 32)
     assert np.abs(codes_x - xg / xs.numpy()[..., None]).max() <= 0.5 + 1e-3
-    np.testing.assert_array_equal(xc.numpy(), codes_x.sum(-1) * f.offset)
+    np.testing.assert_array_equal(xc.numpy(), codes_x.sum(-1) * route.offset(f))
     y = _t(np.zeros((m, n), "float32"))
-    _build(matmul_kernel(f, n, k))(xq, xs, xc, _t(words), _t(sc), y)
+    _build(matmul_kernel(f, n, k, route))(xq, xs, xc, _t(words), _t(sc), y)
     # exactly the quantized operands' product (float64), and near the float32 activations'
     x_deq = (codes_x * xs.numpy().astype("f8")[..., None]).reshape(m, k)
     w_deq = dequantize(f, codes, scales)
@@ -91,6 +104,7 @@ def test_gather_rows_is_the_dequantized_table(fmt):
                                atol=1e-7)
 
 
+@needs_vnni
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_relax_compile_quantizes_constant_weights_and_declines_odd_shapes(fmt):
     torch = pytest.importorskip("torch")
@@ -129,12 +143,14 @@ def test_relax_compile_quantizes_constant_weights_and_declines_odd_shapes(fmt):
     assert any(e["kind"] == "quant-linear" and e["status"] == "roller" for e in report)
 
 
-def test_target_without_vnni_is_declined_with_its_reason():
+def test_target_without_a_route_is_declined_with_its_reason():
     from tvm_roller.integrations.relax.passes.quantize_weights import check_target
 
-    old = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
-    with pytest.raises(UnsupportedError, match="VNNI"):
+    old = tvm.target.Target({"kind": "llvm", "mcpu": "nehalem"})  # SSE4.2, no AVX2
+    with pytest.raises(UnsupportedError, match="avx2.*fp32"):
         check_target(old, "int4")
+    assert check_target({"kind": "llvm", "mcpu": "skylake-avx512"}, "int4").route.name == \
+        "avx512bw"
     with pytest.raises(ValueError, match="int8"):
         check_target(host_target(), "int3")
 

@@ -9,11 +9,13 @@ from tvm import tirx
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.backends.base import Backend
-from tvm_roller.backends.cpu import amx
+from tvm_roller.backends.cpu.microkernel import OPERAND_DTYPES
 from tvm_roller.backends.cpu.rules import RULES
 from tvm_roller.backends.cpu.rules.chain import CpuChainRule
 from tvm_roller.backends.vector_math import rewrite_vector_math, vector_math_pass
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.backends.cpu.microkernel.calibrate import with_route_rates
+from tvm_roller.hardware.calibrate import auto_calibration_enabled
 from tvm_roller.hardware.calibrate import device_model as measured_device_model
 from tvm_roller.hardware.model import DeviceModel
 
@@ -29,7 +31,7 @@ class CpuBackend(Backend):
     conv_layouts = {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"],
                     "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     traceable_chains = True
-    operand_dtypes = amx.OPERAND_DTYPES
+    operand_dtypes = OPERAND_DTYPES
     runner_device = "cpu"
     tuning_kind = "llvm"
 
@@ -52,7 +54,10 @@ class CpuBackend(Backend):
         return [vector_math_pass()]
 
     def device_model(self, target: tvm.target.Target) -> DeviceModel:
-        return measured_device_model(target)
+        """The calibrated (or estimated) model, with its micro-kernel routes' rates measured
+        where this host runs them and calibration on first use is on (else the presets)."""
+        return with_route_rates(target, measured_device_model(target),
+                                measure=auto_calibration_enabled())
 
     def check_device(self, target: tvm.target.Target, dev: DeviceModel) -> list:
         if dev.kind != "cpu":
@@ -64,6 +69,9 @@ class CpuBackend(Backend):
         table = dev.cpu.tile_gflops if dev.cpu else None
         rates = (f"; compute rate per register tile measured ({len(table)} tiles)" if table
                  else "; compute rate per register tile estimated (FMA latency and load ports)")
+        routes = dev.cpu.route_gops if dev.cpu else None
+        rates += (f"; micro-kernel routes measured ({len(routes)} blocks)" if routes
+                  else "; micro-kernel routes at their presets")
         return (f"device: {dev.name} ({dev.source}), {dev.num_units} units, "
                 f"{dev.simd_bytes * 8}-bit SIMD, {dev.num_vector_registers} vector regs{rates}")
 

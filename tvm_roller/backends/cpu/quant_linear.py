@@ -1,50 +1,49 @@
 """A linear layer over group-quantized weights (``quant_format``) in integer dot products:
 ``y[m, n] = Σ_g sw[n, g] · sx[m, g] · Σ_{k in g} x_q[m, k] · (u[n, k] − offset)``.
 
-Two kernels:
+Two kernels, built from a dot-product route (``microkernel.quant_dot``: the instruction, its
+lanes and which offset its weight bytes keep — every ISA-specific part):
 
 * ``quantize_rows``: each activation row in groups of 32 → int8 codes ``x_q`` (scale
-  ``sx = max|x| / 127``), ``sx`` and ``offset · Σ x_q`` per group (the unsigned weight codes'
-  offset, taken back once per group instead of once per weight);
-* ``matmul``: a task is 16 output rows (one int32 lane each); per group it loads their packed
-  codes once (int4: 4 vectors, unpacked by an AND and a shift + AND into 8; int8: 8 vectors),
-  then for each of ``ROW_TILE`` activation rows runs 8 ``vpdpbusd`` (64 products each: 4 per
-  lane, unsigned weight bytes × signed activation bytes broadcast) in two independent chains,
-  and one float step: ``acc += float(dot − correction) · (sw · sx)``.
+  ``sx = max|x| / 127``), ``sx`` and ``offset · Σ x_q`` per group (the offset the route's
+  weight bytes keep, taken back once per group instead of once per weight; 0 for a route
+  that takes int8 weights as signed bytes);
+* ``matmul``: a task is a block of 16 output rows (one int32 lane each, in ``16 / lanes``
+  vectors); per group it loads their packed codes once (int4: 4 words a lane, unpacked by an
+  AND and a shift + AND into 8; int8: 8, XORed with 0x80 for a signed route), then for each of
+  ``ROW_TILE`` activation rows runs 8 route dots per vector (4 products a lane each: weight
+  bytes × the activation word broadcast) in two independent chains, and one float step:
+  ``acc += float(dot − correction) · (sw · sx)``.
 
 The weights are read at their packed size (int4: 0.625 bytes a weight with its scale) and
 decoded in registers; the products are exact in int32, the groups' sums in float32. Per 512
-weights this is 8 dot products and ~12 unpacking operations against 64 ``vfmadd`` and ~96
-conversions for a float32 dequantization — why the activations are quantized (as llama.cpp's
-q8_0 activations for its q4_0 / q8_0 weights).
+weights this is (AVX-512 VNNI) 8 dot products and ~12 unpacking operations against 64
+``vfmadd`` and ~96 conversions for a float32 dequantization — why the activations are
+quantized (as llama.cpp's q8_0 activations for its q4_0 / q8_0 weights).
 
-One task's unpacked group (8 vectors) is reused across ``ROW_TILE`` activation rows (a prefill's
-GEMM), whose float accumulators stay in registers: 8 + ``ROW_TILE`` vector registers.
+One task's unpacked group (8 words a lane) is reused across ``ROW_TILE`` activation rows (a
+prefill's GEMM), whose float accumulators stay in registers: 8 + ``ROW_TILE`` vector registers
+on a 16-lane route.
 """
 from __future__ import annotations
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from tvm_roller.backends.cpu.microkernel.quant_dot import QuantDotRoute
 from tvm_roller.backends.cpu.quant_format import GROUP, ROWS, QuantFormat
 
 ROW_TILE = 8  # activation rows per pass over a group's unpacked weights
 AHEAD_BYTES = 8192  # how far ahead the weights are prefetched (measured: 4-16 KiB alike)
 WORDS = GROUP // 4  # int32 words of int8 activations per group
-_VNNI = "llvm.x86.avx512.vpdpbusd.512"
+_NIBBLES = 0x0F0F0F0F
 
 
-def has_int8_dot(target: tvm.target.Target) -> bool:
-    """Whether ``target`` has the AVX-512 VNNI dot product the kernel is built from."""
-    from tvm.target import codegen
-
-    return str(target.kind) == "llvm" and bool(codegen.target_has_features("avx512vnni", target))
-
-
-def quantize_rows_kernel(fmt: QuantFormat, k: int) -> tirx.PrimFunc:
-    """``(x[m, k] float32) -> x_q[m, k] int8, sx[m, k/32] float32, corr[m, k/32] int32``."""
-    groups, offset = k // GROUP, fmt.offset
+def quantize_rows_kernel(fmt: QuantFormat, k: int, route: QuantDotRoute) -> tirx.PrimFunc:
+    """``(x[m, k] float32) -> x_q[m, k] int8, sx[m, k/32] float32, corr[m, k/32] int32``
+    (``corr``: ``route.offset(fmt) · Σ x_q`` per group)."""
+    groups, offset = k // GROUP, route.offset(fmt)
+    corrected = offset != 0
 
     @T.prim_func(private=True, s_tir=True)
     def quantize_rows(x_var: T.handle, q_var: T.handle, s_var: T.handle, c_var: T.handle):
@@ -68,36 +67,63 @@ def quantize_rows_kernel(fmt: QuantFormat, k: int) -> tirx.PrimFunc:
                     for j in T.vectorized(GROUP):
                         xq[r, g * GROUP + j] = T.Cast("int8", T.round(x[r, g * GROUP + j] * inv))
                     total[0] = 0
-                    for j in range(GROUP):
-                        total[0] = total[0] + T.Cast("int32", xq[r, g * GROUP + j])
+                    if corrected:
+                        for j in range(GROUP):
+                            total[0] = total[0] + T.Cast("int32", xq[r, g * GROUP + j])
                     xs[r, g] = scale
                     xc[r, g] = total[0] * offset
 
     return quantize_rows
 
 
-def _v(base):
-    """The 16 lanes from ``base``."""
-    return T.ramp(base, 1, ROWS)
+def _v(base, lanes: int):
+    """``lanes`` consecutive elements from ``base``."""
+    return T.ramp(base, 1, lanes)
 
 
-def _word(xq, row, k):
+def _word(xq, row, k, lanes: int):
     """Four int8 activation codes from ``k`` on as one int32, in every lane."""
-    return T.Broadcast(T.reinterpret("int32", xq[row, T.ramp(k, 1, 4)]), ROWS)
+    return T.Broadcast(T.reinterpret("int32", xq[row, T.ramp(k, 1, 4)]), lanes)
 
 
-def _dot(acc, w, x):
-    """``acc + Σ_4 w_bytes(unsigned) · x_bytes(signed)`` per int32 lane."""
-    # (LLVM's signature takes the bytes as <64 x i8>)
-    return T.call_llvm_pure_intrin("int32x16", T.llvm_lookup_intrinsic_id(_VNNI), acc,
-                                   T.reinterpret("int8x64", w), T.reinterpret("int8x64", x))
+def _unpacked(fmt: QuantFormat, route: QuantDotRoute, word, half: int):
+    """A loaded word vector's codes as the route's dot takes them: int4 the low (``half`` 0)
+    or high nibbles, one code a byte; int8 as stored, or signed (XOR 0x80) for a signed
+    route."""
+    lanes = route.lanes
+    if fmt.bits == 4:
+        if half:
+            word = T.shift_right(word, T.Broadcast(4, lanes))
+        return word & T.Broadcast(_NIBBLES, lanes)
+    if route.flips(fmt):
+        return T.bitwise_xor(word, T.Broadcast(T.int32(-0x7F7F7F80), lanes))  # 0x80808080
+    return word
 
 
-def matmul_kernel(fmt: QuantFormat, n: int, k: int) -> tirx.PrimFunc:
+def _group_dot(fmt: QuantFormat, route: QuantDotRoute, w, xq, xc, row, g, s):
+    """Sub-vector ``s`` of the block's int32 sum over group ``g`` of activation ``row``, its
+    correction taken off: two independent chains of 4 dots (words 0, 2, 4, 6 and 1, 3, 5, 7;
+    word ``j`` holds ``k = 4j .. 4j+3`` of the group)."""
+    lanes, signed = route.lanes, route.flips(fmt)
+    zero = T.Broadcast(0, lanes)
+    start = zero - T.Broadcast(xc[row, g], lanes) if route.offset(fmt) else zero
+    chains = []
+    for first, acc in ((0, start), (1, zero)):
+        for j in range(first, WORDS, 2):
+            acc = route.dot(acc, w[_v(j * ROWS + s * lanes, lanes)],
+                            _word(xq, row, g * GROUP + 4 * j, lanes), signed)
+        chains.append(acc)
+    return chains[0] + chains[1]
+
+
+def matmul_kernel(fmt: QuantFormat, n: int, k: int, route: QuantDotRoute) -> tirx.PrimFunc:
     """``(x_q[m, k] int8, sx[m, k/32], corr[m, k/32], words, scales) -> y[m, n] float32``
-    (``m`` symbolic: a prompt's tokens)."""
+    (``m`` symbolic: a prompt's tokens), over ``route``'s dot products."""
     blocks, groups, chunks, nibbles = n // ROWS, k // GROUP, fmt.chunks, fmt.bits == 4
+    lanes = route.lanes
+    vecs = ROWS // lanes  # vectors per block of 16 rows
     ahead = AHEAD_BYTES // (chunks * ROWS * 4)  # in groups
+    f32 = f"float32x{lanes}"
 
     @T.prim_func(private=True, s_tir=True)
     def quant_matmul(q_var: T.handle, s_var: T.handle, c_var: T.handle,
@@ -114,8 +140,8 @@ def matmul_kernel(fmt: QuantFormat, n: int, k: int) -> tirx.PrimFunc:
                 for mt in range((m + ROW_TILE - 1) // ROW_TILE):
                     acc = T.alloc_buffer((ROW_TILE * ROWS,), "float32")
                     w = T.alloc_buffer((WORDS * ROWS,), "int32")
-                    for i in T.unroll(ROW_TILE):
-                        acc[_v(i * ROWS)] = T.Broadcast(T.float32(0), ROWS)
+                    for i in T.unroll(ROW_TILE * vecs):
+                        acc[_v(i * lanes, lanes)] = T.Broadcast(T.float32(0), lanes)
                     for g in range(groups):
                         # the stream ahead (the next tasks' blocks, contiguous): one group's
                         # lines per group, AHEAD_BYTES on (cold weights: 12 -> 19.6 GB/s here)
@@ -123,44 +149,29 @@ def matmul_kernel(fmt: QuantFormat, n: int, k: int) -> tirx.PrimFunc:
                             T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
                                 words[T.min(nb + (g + ahead) // groups, blocks - 1),
                                       (g + ahead) % groups, c, 0]), 0, 3, 1))
-                            if nibbles:
-                                w[_v(2 * c * ROWS)] = words[nb, g, c, _v(0)] \
-                                    & T.Broadcast(0x0F0F0F0F, ROWS)
-                                w[_v((2 * c + 1) * ROWS)] = T.shift_right(
-                                    words[nb, g, c, _v(0)], T.Broadcast(4, ROWS)) \
-                                    & T.Broadcast(0x0F0F0F0F, ROWS)
-                            else:
-                                w[_v(c * ROWS)] = words[nb, g, c, _v(0)]
+                            for s in T.unroll(vecs):
+                                if nibbles:
+                                    w[_v(2 * c * ROWS + s * lanes, lanes)] = _unpacked(
+                                        fmt, route, words[nb, g, c, _v(s * lanes, lanes)], 0)
+                                    w[_v((2 * c + 1) * ROWS + s * lanes, lanes)] = _unpacked(
+                                        fmt, route, words[nb, g, c, _v(s * lanes, lanes)], 1)
+                                else:
+                                    w[_v(c * ROWS + s * lanes, lanes)] = _unpacked(
+                                        fmt, route, words[nb, g, c, _v(s * lanes, lanes)], 0)
                         for i in T.unroll(ROW_TILE):
                             if mt * ROW_TILE + i < m:
-                                acc[_v(i * ROWS)] = acc[_v(i * ROWS)] + T.Cast(
-                                    "float32x16",
-                                    _dot(_dot(_dot(_dot(
-                                        T.Broadcast(0, ROWS) - T.Broadcast(
-                                            xc[mt * ROW_TILE + i, g], ROWS),
-                                        w[_v(0 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 0)),
-                                        w[_v(2 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 8)),
-                                        w[_v(4 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 16)),
-                                        w[_v(6 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 24))
-                                    + _dot(_dot(_dot(_dot(
-                                        T.Broadcast(0, ROWS),
-                                        w[_v(1 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 4)),
-                                        w[_v(3 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 12)),
-                                        w[_v(5 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 20)),
-                                        w[_v(7 * ROWS)],
-                                        _word(xq, mt * ROW_TILE + i, g * GROUP + 28))) \
-                                    * (scales[nb, g, _v(0)]
-                                       * T.Broadcast(xs[mt * ROW_TILE + i, g], ROWS))
+                                for s in T.unroll(vecs):
+                                    acc[_v(i * ROWS + s * lanes, lanes)] = \
+                                        acc[_v(i * ROWS + s * lanes, lanes)] + T.Cast(
+                                            f32, _group_dot(fmt, route, w, xq, xc,
+                                                            mt * ROW_TILE + i, g, s)) \
+                                        * (scales[nb, g, _v(s * lanes, lanes)]
+                                           * T.Broadcast(xs[mt * ROW_TILE + i, g], lanes))
                     for i in T.unroll(ROW_TILE):
                         if mt * ROW_TILE + i < m:
-                            y[mt * ROW_TILE + i, _v(nb * ROWS)] = acc[_v(i * ROWS)]
+                            for s in T.unroll(vecs):
+                                y[mt * ROW_TILE + i, _v(nb * ROWS + s * lanes, lanes)] = \
+                                    acc[_v(i * ROWS + s * lanes, lanes)]
 
     return quant_matmul
 

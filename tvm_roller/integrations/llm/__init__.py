@@ -50,7 +50,8 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     (None: this machine). ``weights``: "fp32", or "int8" / "int4": the linear layers' and
     embeddings' weights quantized in groups of 32 (the fp32 tensors are not kept; a weight a
     format cannot take stays float32, with its reason in ``report``), multiplied in integer
-    dot products (``backends.cpu.quant_linear``; a CPU without AVX-512 VNNI is an
+    dot products (``backends.cpu.quant_linear``, over the target's route: AVX-512 VNNI,
+    AVX-VNNI, AVX-512BW, AVX2, AArch64 ``sdot`` or plain NEON; an x86 CPU without AVX2 is an
     ``UnsupportedError``). An architecture torch.export or the importer cannot take is an
     ``UnsupportedError`` naming the step. ``target`` may be a
     :class:`~tvm_roller.planner.Context` (its options: ``cache`` given here changes it);

@@ -9,7 +9,7 @@ import tvm
 from tvm_roller.cache.modules import ModuleCache
 from tvm_roller.core.errors import first_lines
 from tvm_roller.hardware import DeviceModel
-from tvm_roller.backends.cpu.amx import has_int8_tiles
+from tvm_roller.backends.cpu.microkernel.x86_amx import has_int8_tiles
 from tvm_roller.integrations.relax.passes.quantize_dynamic import quantize_gemms
 from tvm_roller.integrations.relax.passes.quantize_weights import quantize_for, weight_entries
 from tvm_roller.integrations.relax.passes.schedule import relax_context

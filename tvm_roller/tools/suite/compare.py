@@ -66,6 +66,16 @@ def _geomean(xs: Sequence[float]) -> Optional[float]:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def _which_moved(then: WorkloadTiming, now: WorkloadTiming) -> str:
+    """A flagged ratio's two sides, now / stored: roller slower, or PyTorch faster? (Run to run
+    on a shared 2-vCPU machine PyTorch's 2-thread kernels move far more than roller's.)"""
+    def times(a: Optional[float], b: Optional[float]) -> str:
+        return f"x{b / a:.2f}" if a and b else "-"
+
+    return (f"time now / stored: roller {times(then.roller_s, now.roller_s)}, "
+            f"torch {times(then.torch_s, now.torch_s)}")
+
+
 def _row(name: str, then: Optional[WorkloadTiming], now: WorkloadTiming, threshold: float) -> Row:
     if then is None:
         return Row(name, None, now.ratio, None, "", "not in the stored run")
@@ -78,6 +88,8 @@ def _row(name: str, then: Optional[WorkloadTiming], now: WorkloadTiming, thresho
     notes = []
     if then.plan is not None and now.plan is not None and then.plan != now.plan:
         notes.append("plan changed")
+    if change < threshold:
+        notes.append(_which_moved(then, now))
     for run, wl in (("stored", then), ("now", now)):
         if wl.foreign_cpu is not None and wl.foreign_cpu > BUSY_SHARE:
             notes.append(f"{run}: other processes used {100 * wl.foreign_cpu:.0f}% of the CPUs")

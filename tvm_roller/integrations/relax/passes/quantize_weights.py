@@ -5,8 +5,10 @@ model imported with its weights) — is quantized when every use of it is a line
 (``matmul(x, permute_dims(w))``, or ``matmul(x, c)`` with a constant ``c [k, n]``) or an
 embedding lookup (``take(w, ids, axis=0)``). Each linear layer becomes two of roller's kernels
 (``backends.cpu.quant_linear``): the activations quantized in groups, then the integer
-matmul over the packed weight; a lookup dequantizes its rows. A parameter ``w`` becomes two
-(its packed words and its scales, in its place); a constant becomes two constants.
+matmul over the packed weight, built from the target's dot-product route
+(``backends.cpu.microkernel.quant_dot``: ``check_target`` picks it); a lookup dequantizes its
+rows. A parameter ``w`` becomes two (its packed words and its scales, in its place); a
+constant becomes two constants.
 
 A weight whose shape the format cannot take, or that something else reads, stays float32 with
 its reason (``QuantDecision``).
@@ -23,10 +25,11 @@ from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from tvm_roller.backends.cpu.kv_cache import mark_scheduled
+from tvm_roller.backends.cpu.microkernel.quant_dot import QuantDotRoute, pick_quant_route
 from tvm_roller.backends.cpu.quant_format import GROUP, ROWS, QuantFormat, get_format, \
     quantize_packed, shape_reason
-from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, has_int8_dot, \
-    matmul_kernel, quantize_rows_kernel
+from tvm_roller.backends.cpu.quant_linear import gather_rows_kernel, matmul_kernel, \
+    quantize_rows_kernel
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.planner import FuncReport
 
@@ -44,6 +47,23 @@ class QuantDecision:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TargetFormat(QuantFormat):
+    """A format as one target multiplies it: the packed layout (target-independent) and the
+    dot-product route its kernels are built from (``check_target``'s answer; it travels where
+    a ``QuantFormat`` does, so the rewrite's kernels are the target's)."""
+
+    route: Optional[QuantDotRoute] = None
+
+
+def _route_of(fmt: QuantFormat) -> QuantDotRoute:
+    route = getattr(fmt, "route", None)
+    if route is None:
+        raise ValueError(f"format {fmt.name!r} has no dot-product route: make it with "
+                         f"check_target(target, {fmt.name!r})")
+    return route
 
 
 @dataclass(frozen=True)
@@ -135,20 +155,21 @@ def param_decisions(func: relax.Function, fmt: QuantFormat,
 class _Kernels:
     """The kernels the rewritten functions call, added once each to the module being built
     (``builder``: a BlockBuilder over it, which gives their GlobalVars the callee type
-    ``call_tir`` checks)."""
+    ``call_tir`` checks); ``fmt`` a ``TargetFormat`` (the kernels are its route's)."""
 
     def __init__(self, fmt: QuantFormat, builder: relax.BlockBuilder, report: Optional[list],
                  prefix: str = ""):
         self.fmt, self.builder, self.report, self.prefix = fmt, builder, report, prefix
+        self.route = _route_of(fmt)
         self.gvars: Dict[str, tvm.ir.GlobalVar] = {}
 
     def get(self, kind: str, n: int, k: int) -> tvm.ir.GlobalVar:
         name = f"{self.prefix}quant_{kind}_{self.fmt.name}_{n}x{k}" \
             if kind != "quantize_rows" else f"{self.prefix}quant_rows_{self.fmt.name}_{k}"
         if name not in self.gvars:
-            make = {"matmul": lambda: matmul_kernel(self.fmt, n, k),
+            make = {"matmul": lambda: matmul_kernel(self.fmt, n, k, self.route),
                     "gather": lambda: gather_rows_kernel(self.fmt, n, k),
-                    "quantize_rows": lambda: quantize_rows_kernel(self.fmt, k)}[kind]
+                    "quantize_rows": lambda: quantize_rows_kernel(self.fmt, k, self.route)}[kind]
             self.gvars[name] = self.builder.add_func(mark_scheduled(make()), name)
             if self.report is not None:
                 self.report.append(FuncReport(name, "roller", kind="quant-linear").to_dict())
@@ -326,14 +347,17 @@ def _constant_weights(func: relax.Function, fmt: QuantFormat,
     return found
 
 
-def check_target(target, weights: str) -> QuantFormat:
-    """The format named ``weights``; an ``UnsupportedError`` where ``target`` lacks the integer
-    dot product (the float32 path is the caller's fallback)."""
+def check_target(target, weights: str) -> TargetFormat:
+    """The format named ``weights`` with ``target``'s dot-product route; an
+    ``UnsupportedError`` where ``target`` has no route (an x86 CPU without AVX2, a GPU: the
+    float32 path is the caller's fallback)."""
     fmt = get_format(weights)
-    if not has_int8_dot(target):
-        raise UnsupportedError(f"weights={weights!r} needs a CPU with AVX-512 VNNI (vpdpbusd); "
-                               f"target {target} lacks it: compile with weights='fp32'")
-    return fmt
+    try:
+        route = pick_quant_route(target)
+    except UnsupportedError as err:
+        raise UnsupportedError(f"weights={weights!r}: {err}; compile with weights='fp32'") \
+            from None
+    return TargetFormat(fmt.name, fmt.bits, route)
 
 
 def quantize_for(mod: tvm.IRModule, target, weights: str,

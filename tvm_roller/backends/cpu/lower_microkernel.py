@@ -1,12 +1,12 @@
-"""Apply an AMX rTile (``policy_amx``) to a GEMM-like PrimFunc.
+"""Apply a micro-kernel rTile (``policy_microkernel``) to a GEMM-like PrimFunc.
 
 The loop nest is the tiled one (``lower``): tasks (fused, parallel) · the task's register tiles
-· reduction chunks · the chunk tensorized as one call of the AMX micro-kernel (``amx``), the
-32×32 accumulator kept per register tile and written back once with the epilogue folded in.
-The axes are padded to the register tile and the chunk (``pad_einsum``, zero-filled operands);
-B is copied into the instruction's layout ``(.., n // 16, k // g, n % 16, k % g)`` — at compile
-time when it is a constant parameter (a weight), else once per call before the tasks — and A
-into 1 KiB tiles ``(.., m // 16, k // s, m % 16, k % s)``, per task (``amx``: why).
+· reduction chunks · the chunk tensorized as one call of the route's micro-kernel
+(``microkernel``), the accumulator block kept per register tile and written back once with the
+epilogue folded in. The axes are padded to the register tile and the chunk (``pad_einsum``,
+zero-filled operands); B is copied into the route's panels ``(.., n // L, k // g, n % L, k % g)``
+— at compile time when it is a constant parameter (a weight), else once per call before the
+tasks — and A into panels ``(.., m // ra, k // ka, m % ra, k % ka)``, per task.
 """
 from __future__ import annotations
 
@@ -16,16 +16,19 @@ from tvm import s_tir, tirx
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.analysis.schedule import attempt, axis_loops, perfect_split
-from tvm_roller.backends.cpu import amx
 from tvm_roller.backends.cpu.loops import parallel_vectorize_block, vectorize_inner
 from tvm_roller.backends.cpu.lower import fold_epilogue, pad_main
-from tvm_roller.backends.cpu.policy_amx import GemmRoles
+from tvm_roller.backends.cpu.microkernel import Candidate, Shape
+from tvm_roller.backends.cpu.microkernel.intrin import intrin_name
+from tvm_roller.backends.cpu.microkernel.pack import pack_intrin_name, pack_ir
+from tvm_roller.backends.cpu.policy_microkernel import GemmRoles
 from tvm_roller.backends.cpu.prepack import PREPROC, layout_free_param
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
 
 
-def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles) -> s_tir.Schedule:
+def apply_microkernel(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles,
+                      cand: Candidate) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     leftovers = list(fa.producers)  # computed whole, before the tasks (casts, quantization)
     ext_p, out_pad, in_pads = pad_main(sch, fa, t)
@@ -55,13 +58,14 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
     leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
 
-    kind = roles.kind
+    shape = cand.shape
     b_pack, b_const, k_dim, n_dim = _pack(sch, func, main, roles.b, roles.k, roles.n,
-                                          kind.kgroup)
+                                          shape.lanes, shape.kgroup)
     packed = {sch.get(b_pack).name_hint}
     if not b_const:
-        _copy_tiles(sch, b_pack, kind, k_dim, n_dim, t.num_tasks)
-    a_pack, a_const, _, _ = _pack(sch, func, main, roles.a, roles.k, roles.m, kind.kstep)
+        _copy_tiles(sch, b_pack, shape, roles.ops.b, k_dim, n_dim, t.num_tasks)
+    a_pack, a_const, _, _ = _pack(sch, func, main, roles.a, roles.k, roles.m, shape.a_rows,
+                                  shape.a_k)
     packed.add(sch.get(a_pack).name_hint)
     if not a_const:  # the task's rows, once per task (cache-resident for its columns)
         sch.compute_at(a_pack, task, preserve_unit_loops=True)
@@ -69,12 +73,12 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
     leftovers = [n for n in leftovers + in_pads if n not in packed]
     init = sch.decompose_reduction(main, r0)
     vectorize_inner(sch, sch.get_loops(init)[-1], t.vector_lanes)
-    intrin = amx.intrin_name(roles.kind, t.l1[roles.k])
+    intrin = intrin_name(cand.route, roles.ops, shape, t.l1[roles.k])
     if not attempt(sch.tensorize, r1, intrin):
-        raise UnsupportedError(f"{fa.main} does not match the AMX product "
-                               f"C += {roles.kind.acc_dtype}(A) · {roles.kind.acc_dtype}(B) "
+        raise UnsupportedError(f"{fa.main} does not match the micro-kernel product "
+                               f"C += {roles.ops.acc}(A) · {roles.ops.acc}(B) "
                                "(operand order or casts differ)")
-    sch.annotate(task, "pragma_import_llvm", amx.kernel_ir(roles.kind))
+    sch.annotate(task, "pragma_import_llvm", cand.route.kernel_ir(roles.ops, shape))
     remaining = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     for name in leftovers:
         if name in remaining:  # (an epilogue stage inlined forward is gone)
@@ -83,10 +87,10 @@ def apply_amx(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: GemmRoles)
 
 
 def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, other: int,
-          group: int) -> Tuple[s_tir.SBlockRV, bool, int, int]:
+          width: int, group: int) -> Tuple[s_tir.SBlockRV, bool, int, int]:
     """Copy operand ``name`` of ``main`` (or its zero-padded copy, inlined into the copy) into
-    tiles: ``(.., other // 16, k // group, other % 16, k % group)``; the copy's block and
-    whether it is a constant parameter (then marked for folding while compiling)."""
+    panels: ``(.., other // width, k // group, other % width, k % group)``; the copy's block
+    and whether it is a constant parameter (then marked for folding while compiling)."""
     reads = [str(r.source.name) for r in sch.get(main).reads]
     read = name if name in reads else f"{name}_pad"
     region = sch.get(main).reads[reads.index(read)]
@@ -99,7 +103,7 @@ def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, oth
     def layout(*idx):
         rest = [x for d, x in enumerate(idx) if d not in (k_dim, o_dim)]
         kk, oo = idx[k_dim], idx[o_dim]
-        return (*rest, oo // 16, kk // group, oo % 16, kk % group)
+        return (*rest, oo // width, kk // group, oo % width, kk % group)
 
     sch.transform_layout(cb, ("write", 0), layout)
     constant = layout_free_param(func, region.source) is not None
@@ -108,20 +112,21 @@ def _pack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, k: int, oth
     return cb, constant, k_dim, o_dim
 
 
-def _copy_tiles(sch: s_tir.Schedule, cb, kind: amx.AmxKind, k_dim: int, o_dim: int,
+def _copy_tiles(sch: s_tir.Schedule, cb, shape: Shape, dtype: str, k_dim: int, o_dim: int,
                 cores: int) -> None:
-    """B's copy (made in every call) as 64-byte rows of the instruction's layout, one shuffle
-    each (``amx.pack_ir``; a zero-padded copy keeps its element loop), parallel."""
+    """B's copy (made in every call) as rows of the panel layout, a few shuffles each
+    (``microkernel.pack``; a zero-padded copy keeps its element loop), parallel."""
+    lanes, g = shape.lanes, shape.kgroup
     loops = sch.get_loops(cb)
     rest = [l for d, l in enumerate(loops) if d not in (k_dim, o_dim)]
-    ko, ki = sch.split(loops[k_dim], [None, kind.kgroup])
-    oo, oi = sch.split(loops[o_dim], [None, 16])
+    ko, ki = sch.split(loops[k_dim], [None, g])
+    oo, oi = sch.split(loops[o_dim], [None, lanes])
     sch.reorder(*rest, oo, ko, oi, ki)
     k_contiguous = k_dim > o_dim
-    tiled = attempt(sch.tensorize, oi, amx.pack_intrin_name(kind, k_contiguous))
+    tiled = attempt(sch.tensorize, oi, pack_intrin_name(lanes, g, dtype, k_contiguous))
     outer = sch.fuse(*rest, oo) if rest else oo
     if tiled:
-        sch.annotate(outer, "pragma_import_llvm", amx.pack_ir(kind, k_contiguous))
+        sch.annotate(outer, "pragma_import_llvm", pack_ir(lanes, g, dtype, k_contiguous))
     if cores > 1:
         sch.parallel(outer)
 
