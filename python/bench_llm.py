@@ -18,6 +18,7 @@ int8 weight-only linear layers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -207,6 +208,12 @@ def main() -> None:
     ap.add_argument("--hf-bf16", action="store_true", help="also time HF eager in bf16")
     ap.add_argument("--torchao", action="store_true",
                     help="also time HF eager with torchao's int8 weight-only linear layers")
+    ap.add_argument("--target", default=None,
+                    help="roller's target as JSON (e.g. the AVX2-only '{\"kind\": \"llvm\", "
+                         "\"mcpu\": \"haswell\", \"num-cores\": 2}'); default: this host")
+    ap.add_argument("--native-tokens", action="store_true",
+                    help="with --target: also build each format for this host and check that "
+                         "both builds give the same tokens")
     ap.add_argument("--tvm-default", action="store_true",
                     help="also time TVM's own CPU build's decode (dlight CPU rules; prompt 16, "
                          "8 new tokens: its unscheduled prefill GEMMs are slow)")
@@ -216,12 +223,16 @@ def main() -> None:
     model, cfg = build(args.config)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     dram = Context.make(host_target()).device.dram.bandwidth_gbs * 1e9
-    lms, nbytes, compile_s = {}, {}, {}
+    target = json.loads(args.target) if args.target else None
+    lms, nbytes, compile_s, natives = {}, {}, {}, {}
     for fmt in args.weights.split(","):
         t0 = time.perf_counter()
-        lms[fmt] = llm.compile(model, max_seq_len=max(prompts) + args.new, weights=fmt,
+        lms[fmt] = llm.compile(model, target, max_seq_len=max(prompts) + args.new, weights=fmt,
                                cache=False)
         compile_s[fmt] = time.perf_counter() - t0
+        if target is not None and args.native_tokens:
+            natives[fmt] = llm.compile(model, max_seq_len=max(prompts) + args.new,
+                                       weights=fmt, cache=False)
         # what a decode step reads: the weights as decode takes them (packed, where quantized;
         # a tied table passed under two names counted once)
         unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
@@ -238,6 +249,12 @@ def main() -> None:
     rows = []
     for n in prompts:
         rows += measure_prompt(n, args, cfg, lms, peers, ggufs, nbytes, dram, cache_per_pos)
+        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+        for fmt, native in natives.items():
+            same = bool((native.generate(ids, args.new) == lms[fmt].generate(ids, args.new)).all())
+            print(f"prompt {n:5d} {fmt}: tokens of the {args.target} build "
+                  f"{'=' if same else 'DIFFER from'} the native build's", flush=True)
+            rows.append(dict(prompt=n, weights=fmt, tokens_match_native=same))
     attention = attention_profile(lm, dram, [c for c in (128, 512, 1024) if c < lm.max_seq_len])
     tvm_default = None
     if args.tvm_default:

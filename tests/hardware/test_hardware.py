@@ -54,8 +54,8 @@ def _legacy_json(m: DeviceModel, **more) -> str:
     d = json.loads(m.to_json())
     traits = d.pop("cpu") or d.pop("gpu")
     d.pop("gpu", None)
-    d["extra"] = {k: float(v) for k, v in traits.items()  # (lists: fields added since)
-                  if v is not None and not isinstance(v, list)}
+    d["extra"] = {k: float(v) for k, v in traits.items()  # (lists, text: fields added since)
+                  if v is not None and not isinstance(v, (list, str))}
     d["extra"].update(more)
     return json.dumps(d)
 

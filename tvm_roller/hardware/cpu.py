@@ -297,7 +297,8 @@ def from_target(tgt: Target, use_cache: bool = True, *,
         key = _cache.calibration_key(host_cpu(), mcpu, cores, target_mattr(spec))
         cached = _cache.load_calibration(key)
         if cached is not None:  # (a calibration file from before the field: the target's)
-            return replace(cached, cpu=replace(cached.cpu, matrix_units=matrix_units(feats)))
+            return replace(cached, cpu=replace(cached.cpu, core=mcpu,
+                                               matrix_units=matrix_units(feats)))
 
     fma_units = float(_FMA_UNITS.get((mcpu, isa), base.cpu.fma_units))
     freq = (host_frequency_ghz() if host else None) or base.frequency_ghz
@@ -344,5 +345,5 @@ def from_target(tgt: Target, use_cache: bool = True, *,
         frequency_ghz=round(freq, 4),
         isa=isa,
         source=f"estimated: {where}",
-        cpu=replace(base.cpu, fma_units=fma_units, matrix_units=matrix_units(feats)),
+        cpu=replace(base.cpu, core=mcpu, fma_units=fma_units, matrix_units=matrix_units(feats)),
     )

@@ -45,6 +45,7 @@ class CpuTraits:
     """CPU constants beyond the common fields (``DeviceModel.cpu``). Defaults are what the
     readers assume when a model does not state a value."""
 
+    core: str = ""  # the LLVM CPU name the model is of ("" when unknown): per-core traits
     fma_units: float = 2.0  # vector FMAs issued per cycle per core (in peak_gflops)
     # DRAM bandwidth one core alone reaches (GB/s); None: the DRAM bandwidth / num_units
     dram_gbs_single_core: Optional[float] = None

@@ -43,16 +43,18 @@ def apply_microkernel(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: Ge
     im, i_n = fa.spatial.index(roles.m), fa.spatial.index(roles.n)
     m3, n3 = s3[im], s3[i_n]
     unit3 = [l for l in s3 if not (l.same_as(m3) or l.same_as(n3))]
-    # a task's column panels outside its row tiles: a B panel is reused by every row tile from
-    # L1/L2 while the task's packed rows stay in L2 (rows outside: all of B per row tile)
-    s1 = [l for i, l in enumerate(s1) if i not in (im, i_n)] + [s1[i_n], s1[im]]
-    sch.reorder(*(s0 + s1 + s2 + unit3 + [r0, r1, m3, n3]))
+    # BLIS's order in a task: column panel · reduction chunk · row tiles, so one chunk of a B
+    # panel stays in L1 for every row tile of the task while the task's rows stay in L2; the
+    # column panel's accumulators (the task's rows × one block of columns) live in a buffer
+    # the kernel loads and stores per call
+    rest1 = [l for i, l in enumerate(s1) if i not in (im, i_n)]
+    sch.reorder(*(s0 + rest1 + [s1[i_n], r0, s1[im]] + s2 + unit3 + [r1, m3, n3]))
     task = sch.fuse(*s0) if len(s0) > 1 else s0[0]
     if t.num_tasks > 1:
         sch.parallel(task)
 
     wb = sch.cache_write(main, 0, "local")
-    sch.reverse_compute_at(wb, s2[-1], preserve_unit_loops=True)
+    sch.reverse_compute_at(wb, s1[i_n], preserve_unit_loops=True)
     if out_pad:
         sch.reverse_compute_inline(sch.get_sblock(out_pad))
     leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
@@ -60,7 +62,7 @@ def apply_microkernel(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: Ge
 
     shape = cand.shape
     b_pack, b_const, k_dim, n_dim = _pack(sch, func, main, roles.b, roles.k, roles.n,
-                                          shape.lanes, shape.kgroup)
+                                          shape.b_cols, shape.kgroup)
     packed = {sch.get(b_pack).name_hint}
     if not b_const:
         _copy_tiles(sch, b_pack, shape, roles.ops.b, k_dim, n_dim, t.num_tasks)
@@ -116,7 +118,7 @@ def _copy_tiles(sch: s_tir.Schedule, cb, shape: Shape, dtype: str, k_dim: int, o
                 cores: int) -> None:
     """B's copy (made in every call) as rows of the panel layout, a few shuffles each
     (``microkernel.pack``; a zero-padded copy keeps its element loop), parallel."""
-    lanes, g = shape.lanes, shape.kgroup
+    lanes, g = shape.b_cols, shape.kgroup
     loops = sch.get_loops(cb)
     rest = [l for d, l in enumerate(loops) if d not in (k_dim, o_dim)]
     ko, ki = sch.split(loops[k_dim], [None, g])

@@ -25,7 +25,7 @@ from tvm_roller.hardware.model import DeviceModel
 
 _KC = 128  # reduction elements per call (or 4 of an A panel's rows): panels stay in L1
 _FLOPS_PER_RUN = 2e8  # multiply-adds × 2 per timed run (~1 ms at a few hundred GOP/s)
-_FORMAT = 1
+_FORMAT = 2  # 2: A read row by row, block-wide B panels (the kernels changed)
 
 
 def _kernel(route: Route, ops: Operands, shape: Shape) -> Tuple[tirx.PrimFunc, float, list]:
@@ -36,7 +36,7 @@ def _kernel(route: Route, ops: Operands, shape: Shape) -> Tuple[tirx.PrimFunc, f
     steps, flops = kc // shape.a_k, 2.0 * shape.rows * shape.cols * kc
     reps = max(1, int(_FLOPS_PER_RUN // flops))
     sym, acc = route.symbol(ops, shape), ops.acc
-    lda, ldb = shape.a_rows * kc * eb, shape.lanes * kc * eb
+    lda, ldb = shape.a_rows * kc * eb, shape.b_cols * kc * eb
     ldc = shape.cols * 4
 
     @T.prim_func(s_tir=True)

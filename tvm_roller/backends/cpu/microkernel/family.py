@@ -9,14 +9,14 @@ from typing import List, Tuple
 from tvm_roller.backends.cpu.microkernel.arm_dot import SDOT, UDOT, USDOT
 from tvm_roller.backends.cpu.microkernel.route import Operands, Route, Shape
 from tvm_roller.backends.cpu.microkernel.widen import (INT8_MADD_256, INT8_MADD_512,
-                                                       INT8_WIDEN, Bf16Widen)
+                                                       INT8_WIDEN, Bf16Widen, Fp32Fma)
 from tvm_roller.backends.cpu.microkernel.x86_amx import AMX_BF16, AMX_INT8
 from tvm_roller.backends.cpu.microkernel.x86_dot import AvxVnni256, Bf16Dot512, Vnni512
 from tvm_roller.hardware.model import DeviceModel
 
 ROUTES: Tuple[Route, ...] = (
     AMX_BF16, AMX_INT8, Bf16Dot512(), Vnni512(), AvxVnni256(), INT8_MADD_512, INT8_MADD_256,
-    SDOT, UDOT, USDOT, Bf16Widen(), INT8_WIDEN,
+    SDOT, UDOT, USDOT, Bf16Widen(), INT8_WIDEN, Fp32Fma(),
 )
 
 

@@ -25,7 +25,7 @@ def intrin_name(route: Route, ops: Operands, shape: Shape, kc: int) -> str:
 
 
 def _desc_impl(route: Route, ops: Operands, shape: Shape, kc: int):
-    bm, bn, ra, ka, lanes, g = (shape.rows, shape.cols, shape.a_rows, shape.a_k, shape.lanes,
+    bm, bn, ra, ka, lanes, g = (shape.rows, shape.cols, shape.a_rows, shape.a_k, shape.b_cols,
                                 shape.kgroup)
     acc, a_dt, b_dt = ops.acc, ops.a, ops.b
     a_st, b_st, esz = storage(a_dt), storage(b_dt), ops.elem_bytes

@@ -17,8 +17,12 @@ def storage(dtype: str) -> str:
     return "uint16" if dtype == "bfloat16" else dtype
 
 
+def _bytes(dtype: str) -> int:
+    return {"bfloat16": 2, "float32": 4}.get(dtype, 1)
+
+
 def _lane_type(dtype: str) -> str:
-    return "i16" if dtype == "bfloat16" else "i8"
+    return f"i{8 * _bytes(dtype)}"
 
 
 def symbol(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
@@ -31,7 +35,7 @@ def pack_ir(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
     elements side by side (rows ``stride`` bytes apart: one ``g``-element load each); else ``g``
     rows of ``lanes`` contiguous elements ``stride`` bytes apart, interleaved by shuffles."""
     ty, name = _lane_type(dtype), symbol(lanes, g, dtype, k_contiguous)
-    word = f"i{g * (16 if ty == 'i16' else 8)}"
+    word = f"i{g * 8 * _bytes(dtype)}"
     lines = [f"define linkonce_odr void @{name}(ptr %dst, ptr %src, i64 %stride) {{", "entry:"]
     if k_contiguous:
         lines.append(f"  %v0 = insertelement <{lanes} x {word}> poison, {word} 0, i32 0")
@@ -77,7 +81,7 @@ def pack_intrin_name(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
 
 
 def _desc_impl(lanes: int, g: int, dt: str, k_contiguous: bool):
-    st, esz = storage(dt), 2 if dt == "bfloat16" else 1
+    st, esz = storage(dt), _bytes(dt)
     src_shape = (lanes, g) if k_contiguous else (g, lanes)
     sym = symbol(lanes, g, dt, k_contiguous)
 

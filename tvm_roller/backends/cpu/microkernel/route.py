@@ -7,9 +7,10 @@ Every member reads its operands packed once (``lower_microkernel``):
 
 * A as panels ``Ap[m // ra, k // ka, m % ra, k % ka]`` (``ra`` rows, ``ka`` reduction elements
   side by side: what one broadcast or tile load takes);
-* B as panels ``Bp[n // L, k // g, n % L, k % g]``: for each ``L`` output columns (one vector
-  of accumulator lanes), the reduction in groups of ``g`` (what one lane's product consumes:
-  4 bytes for a dot-product instruction, 1 element for an FMA);
+* B as panels ``Bp[n // P, k // g, n % P, k % g]``: for each ``P`` output columns (one vector
+  of accumulator lanes, or a vector route's whole block: one step's vectors side by side), the
+  reduction in groups of ``g`` (what one lane's product consumes: 4 bytes for a dot-product
+  instruction, 1 element for an FMA);
 
 and is an LLVM IR function ``void f(ptr c, i64 ldc, ptr a, i64 lda, ptr b, i64 ldb, i64 steps)``
 (strides in bytes: ``ldc`` between C's rows, ``lda`` / ``ldb`` from one A / B panel to the next;
@@ -43,6 +44,7 @@ class Operands:
         return f"{short.get(self.a, self.a)}{short.get(self.b, self.b)}"
 
 
+F32 = Operands("float32", "float32", "float32")
 BF16 = Operands("bfloat16", "bfloat16", "float32")
 U8S8 = Operands("uint8", "int8", "int32")
 S8U8 = Operands("int8", "uint8", "int32")
@@ -61,8 +63,14 @@ class Shape:
     cols: int  # BN: a multiple of the route's lanes
     a_rows: int  # ra: rows of an A panel
     a_k: int  # ka: reduction elements of an A panel's row
-    lanes: int  # L: columns of a B panel (accumulator lanes of one vector)
+    lanes: int  # L: accumulator lanes of one vector
     kgroup: int  # g: reduction elements per lane per step of a B panel
+    panel: int = 0  # columns of a B panel: a block's vectors side by side (0: one vector's)
+
+    @property
+    def b_cols(self) -> int:
+        """Columns of one B panel (``Bp[.., n // b_cols, k // g, n % b_cols, k % g]``)."""
+        return self.panel or self.lanes
 
     @property
     def label(self) -> str:

@@ -1,8 +1,10 @@
 """Micro-kernels of vector instructions: ``rows`` broadcast A words × ``vecs`` B vectors of
 ``L`` accumulator lanes, ``rows × vecs`` accumulators in registers over the whole chunk (the
-BLIS / brgemm register block). A member says how its B vector and A word become operands and
-what one step does to an accumulator (``VectorRoute`` hooks); the loop, the loads and the
-write-back are shared here.
+BLIS / brgemm register block). A is read row by row, ``lda`` bytes apart (brgemm's broadcast
+loads: an A panel is one row, ``Shape.a_rows`` 1), B from panels as wide as the block (one
+step's vectors in adjacent cache lines). A member says how its B vector and A word become
+operands and what one step does to an accumulator (``VectorRoute`` hooks); the loop, the loads
+and the write-back are shared here.
 """
 from __future__ import annotations
 
@@ -67,6 +69,11 @@ class VectorRoute(Route):
         """IR making ``dst``, the accumulator ``acc`` after one step over A's ``a`` and B's
         ``b`` operands."""
 
+    def issue_share(self, dev: DeviceModel) -> float:
+        """This route's instructions issued per cycle as a share of ``fma_units`` on ``dev``'s
+        core (1: as many as FMAs)."""
+        return 1.0
+
     def acc_type(self, ops: Operands) -> str:
         return "float" if ops.acc == "float32" else "i32"
 
@@ -86,8 +93,10 @@ class VectorRoute(Route):
             most = min(_MAX_ROWS, free // vecs)
             # the fullest block, and short ones for few rows (a one-row block's unit loop does
             # not tensorize: one row is padded to 2)
-            for rows in sorted({r for r in (2, 4, most) if 2 <= r <= most}):
-                out.append(Shape(rows, vecs * lanes, rows, g, lanes, g))
+            for rows in sorted({r for r in (2, 4, 8, most) if 2 <= r <= most}):
+                # A read in place, row by row (``lda`` apart): one broadcast word per row
+                # and B as panels of the block's width: one step's vectors in adjacent lines
+                out.append(Shape(rows, vecs * lanes, 1, g, lanes, g, vecs * lanes))
         return out
 
     def preset_gops(self, dev: DeviceModel, ops: Operands, shape: Shape) -> float:
@@ -96,7 +105,7 @@ class VectorRoute(Route):
         traits = dev.cpu
         vecs = shape.cols // shape.lanes
         chains = shape.rows * vecs
-        macs = self.macs_per_instruction(ops, shape.lanes)
+        macs = self.macs_per_instruction(ops, shape.lanes) * self.issue_share(dev)
         cycles = max(chains / traits.fma_units, (shape.rows + vecs) / traits.loads_per_cycle,
                      traits.fma_chains / traits.fma_units)
         per_cycle = chains * macs * 2 / cycles
@@ -115,19 +124,23 @@ class VectorRoute(Route):
             for v in range(vecs):
                 lines += [f"  %cp{r}_{v} = getelementptr i8, ptr %cr{r}, i64 {v * lanes * 4}",
                           f"  %c0_{r}_{v} = load {acc_t}, ptr %cp{r}_{v}, align 4"]
-        for v in range(vecs):
-            lines += [f"  %bo{v} = mul i64 %ldb, {v}", f"  %bb{v} = getelementptr i8, ptr %b, i64 %bo{v}"]
+        for v in range(vecs):  # a block-wide panel (``Shape.b_cols``), else ``ldb`` apart
+            bo = f"{v * lanes * g * eb}" if shape.b_cols == shape.cols else f"%bo{v}"
+            lines += [f"  %bo{v} = mul i64 %ldb, {v}",
+                      f"  %bb{v} = getelementptr i8, ptr %b, i64 {bo}"]
         lines += ["  br label %loop", "loop:", "  %s = phi i64 [0, %entry], [%s1, %loop]"]
         lines += [f"  %acc{r}_{v} = phi {acc_t} [%c0_{r}_{v}, %entry], [%n{r}_{v}, %loop]"
                   for r in range(rows) for v in range(vecs)]
-        lines += [f"  %aoff = mul i64 %s, {rows * g * eb}", f"  %boff = mul i64 %s, {lanes * g * eb}",
+        lines += [f"  %aoff = mul i64 %s, {g * eb}",
+                  f"  %boff = mul i64 %s, {shape.b_cols * g * eb}",
                   "  %ab = getelementptr i8, ptr %a, i64 %aoff"]
         for v in range(vecs):
             lines += [f"  %bp{v} = getelementptr i8, ptr %bb{v}, i64 %boff",
                       f"  %bv{v} = load {b_t}, ptr %bp{v}, align 1"]
             lines += self.prepare_b(ops, lanes, f"%bv{v}", f"%bx{v}")
         for r in range(rows):
-            lines += [f"  %ap{r} = getelementptr i8, ptr %ab, i64 {r * g * eb}",
+            lines += [f"  %ar{r} = mul i64 %lda, {r}",
+                      f"  %ap{r} = getelementptr i8, ptr %ab, i64 %ar{r}",
                       f"  %w{r} = load {w_t}, ptr %ap{r}, align 1"]
             lines += self.prepare_a(ops, lanes, f"%w{r}", f"%ax{r}")
             for v in range(vecs):

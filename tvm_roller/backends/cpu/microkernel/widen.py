@@ -1,5 +1,7 @@
 """Routes for any SIMD CPU, of the fp32 / int32 instructions every vector ISA has:
 
+* fp32: a broadcast A element times a B vector, one FMA per accumulator (the SIMD width the
+  device model gives: ymm on AVX2, zmm on AVX-512, q registers on NEON);
 * bf16 → fp32: a bf16 is the top half of an fp32, so one lane's pair (even, odd) becomes two
   fp32 vectors by a shift and a mask, then two FMAs (what a CPU without a bf16 dot product does);
 * int8 pairs → int16 → ``pmaddwd``-style pair products summed into int32 lanes: exact for every
@@ -10,13 +12,49 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from tvm_roller.backends.cpu.microkernel.route import BF16, INT8, Operands
+from tvm_roller.backends.cpu.microkernel.route import BF16, F32, INT8, Operands
 from tvm_roller.backends.cpu.microkernel.vector_dot import VectorRoute, broadcast, splat, vec
 from tvm_roller.hardware.model import DeviceModel
 
 
 def _simd_lanes(dev: DeviceModel) -> int:
     return max(1, dev.simd_bytes // 4)
+
+
+class Fp32Fma(VectorRoute):
+    name, instruction, operands = "fp32_fma", "vfmadd (broadcast A)", (F32,)
+
+    def available(self, dev: DeviceModel) -> bool:
+        return dev.kind == "cpu" and dev.simd_bytes >= 16
+
+    def lanes(self, dev: DeviceModel) -> int:
+        return _simd_lanes(dev)
+
+    def kgroup(self, ops: Operands) -> int:
+        return 1
+
+    def macs_per_instruction(self, ops: Operands, lanes: int) -> float:
+        return lanes
+
+    def b_load_type(self, ops: Operands, lanes: int) -> str:
+        return vec(lanes, "float")
+
+    def a_word_type(self, ops: Operands) -> str:
+        return "float"
+
+    def declarations(self, ops: Operands, lanes: int) -> List[str]:
+        f = vec(lanes, "float")
+        return [f"declare {f} @llvm.fma.v{lanes}f32({f}, {f}, {f})"]
+
+    def prepare_b(self, ops: Operands, lanes: int, src: str, dst: str) -> List[str]:
+        return [f"  {dst} = bitcast {vec(lanes, 'float')} {src} to {vec(lanes, 'float')}"]
+
+    def prepare_a(self, ops: Operands, lanes: int, src: str, dst: str) -> List[str]:
+        return broadcast(dst, src, lanes, "float")
+
+    def step(self, ops: Operands, lanes: int, acc: str, a: str, b: str, dst: str) -> List[str]:
+        f = vec(lanes, "float")
+        return [f"  {dst} = call {f} @llvm.fma.v{lanes}f32({f} {a}, {f} {b}, {f} {acc})"]
 
 
 class Bf16Widen(VectorRoute):
