@@ -13,6 +13,7 @@ from typing import List, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.backends.cpu.microkernel import Candidate, Operands, candidates, route_named
+from tvm_roller.backends.cpu.prepack import constant_operand
 from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel
@@ -123,9 +124,7 @@ def construct(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, topk: int) -
 def _packing_s(fa: FuncAnalysis, dev: DeviceModel, roles: GemmRoles, padded: List[int]) -> float:
     """Seconds of B's copy into panels in every call (read and written once, all cores), or 0
     when B is a constant packed while compiling (a weight: in ``layout_free_buffers``)."""
-    free = fa.func.attrs.get("layout_free_buffers") if fa.func.attrs is not None else None
-    names = [str(p.name) for p in fa.func.params]
-    if free and roles.b in names and any(int(i) == names.index(roles.b) for i in free):
+    if constant_operand(fa.func, roles.b):
         return 0.0
     batch = math.prod(padded[i] for i in fa.spatial if i not in (roles.m, roles.n))
     elems = batch * padded[roles.k] * padded[roles.n]

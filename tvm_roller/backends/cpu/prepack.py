@@ -42,6 +42,14 @@ def layout_free_param(func: tirx.PrimFunc, source) -> Optional[int]:
     return None
 
 
+def constant_operand(func: tirx.PrimFunc, name: str) -> bool:
+    """Whether the parameter named ``name`` is in ``layout_free_buffers`` (bound to a constant
+    by its callers: a copy of it is made once, while compiling)."""
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    names = [str(p.name) for p in func.params]
+    return bool(free) and name in names and any(int(i) == names.index(name) for i in free)
+
+
 def prepack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, panel: int) -> bool:
     """Pack operand ``name`` of block ``main`` into panels of ``panel`` elements at compile
     time (see the module docstring); False (nothing changed) when it is not a constant
