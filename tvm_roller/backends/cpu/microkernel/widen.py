@@ -21,14 +21,22 @@ def _simd_lanes(dev: DeviceModel) -> int:
     return max(1, dev.simd_bytes // 4)
 
 
-class Fp32Fma(VectorRoute):
-    name, instruction, operands = "fp32_fma", "vfmadd (broadcast A)", (F32,)
+class _FmaRoute(VectorRoute):
+    """fp32 FMAs on whatever SIMD width the device has."""
 
     def available(self, dev: DeviceModel) -> bool:
         return dev.kind == "cpu" and dev.simd_bytes >= 16
 
     def lanes(self, dev: DeviceModel) -> int:
         return _simd_lanes(dev)
+
+    def declarations(self, ops: Operands, lanes: int) -> List[str]:
+        f = vec(lanes, "float")
+        return [f"declare {f} @llvm.fma.v{lanes}f32({f}, {f}, {f})"]
+
+
+class Fp32Fma(_FmaRoute):
+    name, instruction, operands = "fp32_fma", "vfmadd (broadcast A)", (F32,)
 
     def kgroup(self, ops: Operands) -> int:
         return 1
@@ -42,10 +50,6 @@ class Fp32Fma(VectorRoute):
     def a_word_type(self, ops: Operands) -> str:
         return "float"
 
-    def declarations(self, ops: Operands, lanes: int) -> List[str]:
-        f = vec(lanes, "float")
-        return [f"declare {f} @llvm.fma.v{lanes}f32({f}, {f}, {f})"]
-
     def prepare_b(self, ops: Operands, lanes: int, src: str, dst: str) -> List[str]:
         return [f"  {dst} = bitcast {vec(lanes, 'float')} {src} to {vec(lanes, 'float')}"]
 
@@ -57,26 +61,16 @@ class Fp32Fma(VectorRoute):
         return [f"  {dst} = call {f} @llvm.fma.v{lanes}f32({f} {a}, {f} {b}, {f} {acc})"]
 
 
-class Bf16Widen(VectorRoute):
+class Bf16Widen(_FmaRoute):
     name, instruction, operands = "bf16_fma", "bf16 → fp32, vfmadd", (BF16,)
     extra_registers = 2  # A's even and odd halves
     b_registers = 2  # B's even and odd halves
-
-    def available(self, dev: DeviceModel) -> bool:
-        return dev.kind == "cpu" and dev.simd_bytes >= 16
-
-    def lanes(self, dev: DeviceModel) -> int:
-        return _simd_lanes(dev)
 
     def kgroup(self, ops: Operands) -> int:
         return 2
 
     def macs_per_instruction(self, ops: Operands, lanes: int) -> float:
         return lanes * 2 / 2.5  # two FMAs and (amortised) the shifts and masks
-
-    def declarations(self, ops: Operands, lanes: int) -> List[str]:
-        f = vec(lanes, "float")
-        return [f"declare {f} @llvm.fma.v{lanes}f32({f}, {f}, {f})"]
 
     def prepare_b(self, ops: Operands, lanes: int, src: str, dst: str) -> List[str]:
         i, f = vec(lanes, "i32"), vec(lanes, "float")
