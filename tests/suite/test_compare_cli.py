@@ -1,7 +1,8 @@
 """`tvm-roller suite --save-run` then `--compare-to` end to end: a workload deliberately slowed
 (its roller schedule replaced by TVM's unscheduled function, a real and much slower kernel) is
-flagged with exit status 1; the other workload, untouched, is not flagged for its own time (PyTorch's may move). Both runs time real kernels
-against PyTorch; nothing in the stored record is edited."""
+flagged with exit status 1; the other workload, untouched, is not flagged for its own time
+(PyTorch's may move). Both runs time real kernels against PyTorch; nothing in the stored record
+is edited."""
 from __future__ import annotations
 
 import json
