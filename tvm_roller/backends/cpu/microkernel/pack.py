@@ -8,6 +8,8 @@ from typing import Dict, Tuple
 from tvm import s_tir
 from tvm.script import tirx as T
 
+from tvm_roller.hardware.model import dtype_bytes
+
 _REGISTERED: Dict[Tuple[int, int, str, bool], str] = {}
 
 
@@ -17,12 +19,8 @@ def storage(dtype: str) -> str:
     return "uint16" if dtype == "bfloat16" else dtype
 
 
-def _bytes(dtype: str) -> int:
-    return {"bfloat16": 2, "float32": 4}.get(dtype, 1)
-
-
 def _lane_type(dtype: str) -> str:
-    return f"i{8 * _bytes(dtype)}"
+    return f"i{8 * dtype_bytes(dtype)}"
 
 
 def symbol(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
@@ -35,7 +33,7 @@ def pack_ir(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
     elements side by side (rows ``stride`` bytes apart: one ``g``-element load each); else ``g``
     rows of ``lanes`` contiguous elements ``stride`` bytes apart, interleaved by shuffles."""
     ty, name = _lane_type(dtype), symbol(lanes, g, dtype, k_contiguous)
-    word = f"i{g * 8 * _bytes(dtype)}"
+    word = f"i{g * 8 * dtype_bytes(dtype)}"
     lines = [f"define linkonce_odr void @{name}(ptr %dst, ptr %src, i64 %stride) {{", "entry:"]
     if k_contiguous:
         lines.append(f"  %v0 = insertelement <{lanes} x {word}> poison, {word} 0, i32 0")
@@ -81,7 +79,7 @@ def pack_intrin_name(lanes: int, g: int, dtype: str, k_contiguous: bool) -> str:
 
 
 def _desc_impl(lanes: int, g: int, dt: str, k_contiguous: bool):
-    st, esz = storage(dt), _bytes(dt)
+    st, esz = storage(dt), dtype_bytes(dt)
     src_shape = (lanes, g) if k_contiguous else (g, lanes)
     sym = symbol(lanes, g, dt, k_contiguous)
 

@@ -124,15 +124,12 @@ class VectorRoute(Route):
             for v in range(vecs):
                 lines += [f"  %cp{r}_{v} = getelementptr i8, ptr %cr{r}, i64 {v * lanes * 4}",
                           f"  %c0_{r}_{v} = load {acc_t}, ptr %cp{r}_{v}, align 4"]
-        for v in range(vecs):  # a block-wide panel (``Shape.b_cols``), else ``ldb`` apart
-            bo = f"{v * lanes * g * eb}" if shape.b_cols == shape.cols else f"%bo{v}"
-            lines += [f"  %bo{v} = mul i64 %ldb, {v}",
-                      f"  %bb{v} = getelementptr i8, ptr %b, i64 {bo}"]
+        for v in range(vecs):  # one block-wide panel (``shapes``): a step's vectors side by side
+            lines.append(f"  %bb{v} = getelementptr i8, ptr %b, i64 {v * lanes * g * eb}")
         lines += ["  br label %loop", "loop:", "  %s = phi i64 [0, %entry], [%s1, %loop]"]
         lines += [f"  %acc{r}_{v} = phi {acc_t} [%c0_{r}_{v}, %entry], [%n{r}_{v}, %loop]"
                   for r in range(rows) for v in range(vecs)]
-        lines += [f"  %aoff = mul i64 %s, {g * eb}",
-                  f"  %boff = mul i64 %s, {shape.b_cols * g * eb}",
+        lines += [f"  %aoff = mul i64 %s, {g * eb}", f"  %boff = mul i64 %s, {shape.cols * g * eb}",
                   "  %ab = getelementptr i8, ptr %a, i64 %aoff"]
         for v in range(vecs):
             lines += [f"  %bp{v} = getelementptr i8, ptr %bb{v}, i64 %boff",
