@@ -41,7 +41,8 @@ def test_gemm_bound_is_flops_or_bytes(ctx, n, m, k):
     # the model's prediction is for a real kernel: never under the bound, and not absurd (a
     # launch's fixed microseconds on top of work near the bound)
     assert e.bound_s <= e.predicted_s * (1 + 1e-6) < 50 * e.bound_s + 20e-6
-    assert e.facts["parallel_regions"] >= 1 and e.facts["vector_lanes"] >= 1
+    # (1×67×13 is planned as 64 + 3 columns, each too small to run on two cores)
+    assert e.facts["parallel_regions"] >= (n * m * k > 10_000) and e.facts["vector_lanes"] >= 1
     # a multiply-add is two operations: the arithmetic at the peak is the FLOP bound (padding
     # adds what the padded register tile computes)
     assert e.facts["arith_ops"] >= 2 * n * m * k

@@ -143,6 +143,10 @@ class Backend(ABC):
     #: these rules and stitched back (``analysis.parts``: a transposed convolution as one
     #: sub-convolution per output parity class)
     decomposes: bool = True
+    #: whether a tail of an axis the register tile does not divide is planned as a part of its
+    #: own (``analysis.vector_tail``, ``analysis.window_tail``): where the lowering pads to
+    #: whole register tiles (zero-filled input copies) or keeps one-position tiles
+    splits_tails: bool = False
     #: why this backend builds no bucket kernels for functions with symbolic extents
     #: (``planner.buckets``), or "" when it does
     no_dynamic_kernels: str = ""

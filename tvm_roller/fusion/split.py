@@ -17,6 +17,7 @@ import logging
 from typing import Callable, Dict, List, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis import unwrap_func
@@ -123,16 +124,44 @@ def split_chain(func: tirx.PrimFunc, chain: GemmChain):
 
 def stitch(func: tirx.PrimFunc, scheduled: Sequence[tirx.PrimFunc],
            between: Sequence[tirx.Buffer]) -> tirx.PrimFunc:
-    """The chain's function with each group's scheduled body in turn."""
+    """The chain's function with each group's scheduled body in turn (a block named as one of
+    an earlier group's, e.g. two parts' ``C_global``, renamed: a schedule finds blocks by
+    name)."""
     func = unwrap_func(func)
     stmts, allocs = [], list(between)
+    taken: set = set()
     for part in scheduled:
-        root = _root(part)
+        root = _root(_unique_block_names(part, taken))
         allocs += list(root.alloc_buffers)
         stmts.append(root.body)
     body = s_tir.SBlockRealize([], True, s_tir.SBlock(
         [], [], [], "root", tirx.SeqStmt(stmts), alloc_buffers=allocs))
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
+
+
+def _unique_block_names(func: tirx.PrimFunc, taken: set) -> tirx.PrimFunc:
+    """``func`` with each block whose name is in ``taken`` renamed (``C_global`` ->
+    ``C_global_1``); adds its blocks' names to ``taken``."""
+    names: List[str] = []
+    post_order_visit(func.body, lambda n: names.append(n.name_hint)
+                     if isinstance(n, s_tir.SBlock) and n.name_hint != "root" else None)
+    renames: Dict[str, str] = {}
+    for name in names:
+        if name in taken and name not in renames:
+            k = 1
+            while f"{name}_{k}" in taken or f"{name}_{k}" in names:
+                k += 1
+            renames[name] = f"{name}_{k}"
+    taken.update(renames.get(n, n) for n in names)
+    if not renames:
+        return func
+
+    def rename(b):
+        if b.name_hint not in renames:
+            return b
+        return s_tir.SBlock(b.iter_vars, b.reads, b.writes, renames[b.name_hint], b.body,
+                            b.init, b.alloc_buffers, b.match_buffers, b.annotations)
+    return tvm_ffi.structural_map(func, (s_tir.SBlock, rename))
 
 
 _ASYNC = "software_pipeline_async_stages"

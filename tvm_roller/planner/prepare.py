@@ -2,7 +2,9 @@
 
 ``prepare`` analyses the function with the backend's rules and picks the first rule that takes
 it. A function an analysis-layer rewrite turns into independent parts (``analysis.parts``: a
-transposed convolution as one sub-convolution per output parity, ``analysis.parity``) is cut
+transposed convolution as one sub-convolution per output parity, ``analysis.parity``; a
+product's vector axis as its whole vectors and its tail, ``analysis.vector_tail``; a
+convolution's prime output width as a head and a tail, ``analysis.window_tail``) is cut
 into one PrimFunc per part here, each prepared on its own; the plan, the lowering and the
 schedule cache then go part by part (``planner.plan``).
 """
@@ -15,7 +17,7 @@ from typing import Optional, Tuple
 
 from tvm import tirx
 
-from tvm_roller.analysis import FuncAnalysis, parity
+from tvm_roller.analysis import FuncAnalysis, parity, vector_tail, window_tail
 from tvm_roller.analysis.parts import Decomposition
 from tvm_roller.backends.base import OpRule
 from tvm_roller.core.errors import UnsupportedError
@@ -24,8 +26,10 @@ from tvm_roller.planner.context import Context
 
 logger = logging.getLogger("tvm_roller")
 
-# The rewrites that turn a function into independent parts, tried in turn (analysis layer).
+# The rewrites that turn a function into independent parts, tried in turn (analysis layer);
+# the tail splits only for a backend that asks for them (``Backend.splits_tails``).
 _DECOMPOSERS = (parity.decompose,)
+_TAIL_SPLITS = (vector_tail.decompose, window_tail.decompose)
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,8 @@ def _decompose(fa: FuncAnalysis, ctx: Context) -> Optional[Decomposed]:
     rewrite is told the device's vector width, to lay out what it creates)."""
     if not ctx.backend.decomposes:
         return None
-    for rewrite in _DECOMPOSERS:
+    rewrites = _DECOMPOSERS + (_TAIL_SPLITS if ctx.backend.splits_tails else ())
+    for rewrite in rewrites:
         dec = rewrite(fa.func, vector_lanes=ctx.device.simd_lanes(fa.dtype))
         if dec is not None:
             funcs, _ = split.split_groups(dec.func, [list(g) for g in dec.groups])

@@ -122,7 +122,9 @@ def schedule_candidates(func: tirx.PrimFunc, ctx: Context, name: str = "main",
     function roller declines or fails on gets the fallback entry, never an exception."""
     try:
         _check_size(func)
-        p = plan_prepared(prepare(func, ctx), topk)
+        # a record is one trace of the function itself: planned whole, never as parts
+        # stitched together (``analysis.parts``)
+        p = plan_prepared(prepare(func, ctx, decompose=False), topk)
         found: List[Candidate] = []
         failed: List[Tuple[int, str]] = []
         for rank, tile in enumerate(p.tiles):

@@ -142,13 +142,15 @@ def test_explain_shows_padding():
     assert "alignment: axis" in text and "197 padded to" in text and "eps 10%" in text
 
 
-@pytest.mark.parametrize("k", [1214, 3073, 607])
-def test_reduction_chunk_pads_k(k):
+@pytest.mark.parametrize("k,whole", [(1214, False), (3073, False), (607, True)])
+def test_reduction_chunk_pads_k(k, whole):
     """A K with no L1-sized divisor (1,214 = 2 x 607, primes) gets an L1 chunk shorter than K
-    by padding K (waste <= RED_PAD_EPS, zero-filled), said in the notes; the result is exact."""
+    by padding K (waste <= RED_PAD_EPS, zero-filled), said in the notes, unless the rows the
+    register tile holds over all of K fit L1 (607: 6 x 607 floats), where the whole K is one
+    chunk and nothing is copied (measured 37 us against 70 padded); the result is exact."""
     fa, t = _tile(96, k, 64)
     r = fa.reduction[0]
-    assert t.l1[r] < k, t.l1
+    assert (t.l1[r] == k) == whole, t.l1
     pad = -(-k // t.l1[r]) * t.l1[r]
     if pad != k:
         assert padding_waste(k, pad) <= policy.RED_PAD_EPS

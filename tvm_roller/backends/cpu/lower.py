@@ -81,11 +81,11 @@ def apply_tiled(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile) -> s_tir.Schedu
     """Schedule ``func`` as the tiled loop nest of the module docstring for the rTile ``t``."""
     sch = s_tir.Schedule(func)
     padded, leftovers = _place_prologues(sch, fa)
-    ext_p, out_pad, in_pads = pad_main(sch, fa, t)
+    ext_p, crops, in_pads = pad_main(sch, fa, t)
     leftovers += in_pads  # zero-padded input copies: once, parallel and vectorized
     main = sch.get_sblock(fa.main)
     loops = _tile_main(sch, fa, t, main, ext_p)
-    leftovers += _write_back(sch, fa, t, main, loops, out_pad)
+    leftovers += _write_back(sch, fa, t, main, loops, crops)
     _pack_operands(sch, func, fa, t, main, loops.task)
     _unroll_register_tile(sch, loops)
     _schedule_leftovers(sch, t, leftovers, in_pads)
@@ -151,15 +151,15 @@ def _tile_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile, main: SBlockRV,
 
 
 def _write_back(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile, main: SBlockRV, loops: _TiledLoops,
-                out_pad: Optional[str]) -> List[str]:
+                crops: List[str]) -> List[str]:
     """The accumulator tile, written back once with the epilogue folded in; return the
     epilogue blocks that could not be folded."""
     reg_acc = t.acc_level == "reg"
     wb = sch.cache_write(main, 0, "local" if reg_acc else "global")
     # unit loops kept: the trace then replays under any re-tiling (MetaSchedule mutations)
     sch.reverse_compute_at(wb, loops.s2[-1] if reg_acc else loops.task, preserve_unit_loops=True)
-    if out_pad:
-        sch.reverse_compute_inline(sch.get_sblock(out_pad))
+    for name in crops:
+        sch.reverse_compute_inline(sch.get_sblock(name))
     leftovers = fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
     return leftovers
@@ -264,8 +264,9 @@ def pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
     axis up to a multiple of its L1 chunk (``pad_einsum``, zero-filled inputs) when the tile
     does not divide them, so that no split needs a predicate (a dynamic axis:
     to a multiple of its task tile, or of its reduction chunk). Returns the
-    (padded) extents, the output-cropping block's name (or None) and the input pad blocks.
-    A block ``pad_einsum`` refuses keeps its extents (predicated splits)."""
+    (padded) extents, the output-cropping blocks to inline into the write-back, in order, and
+    the input pad blocks. A block ``pad_einsum`` refuses keeps its extents (predicated
+    splits)."""
     exts = [a.extent for a in fa.axes]
     factors = [r if a.kind == "S" and a.extent % r else 1 for a, r in zip(fa.axes, t.reg)]
     factors = [c if a.kind == "R" and a.extent % c else f
@@ -275,18 +276,34 @@ def pad_main(sch: s_tir.Schedule, fa: FuncAnalysis, t: RTile):
         # divides it and no split needs a predicate in the micro-kernel
         factors[i] = t.l2[i] if fa.axes[i].kind == "S" else t.l1[i]
     if all(f == 1 for f in factors):
-        return exts, None, []
+        return exts, [], []
+    crops = _own_output(sch, fa)
     before = set(block_names(sch))
     main = sch.get_sblock(fa.main)
     if not attempt(sch.pad_einsum, main, factors):
-        return exts, None, []
+        return exts, crops, []
     main = sch.get_sblock(fa.main)
     new = set(block_names(sch)) - before
-    out_pad = next((sch.get(b).name_hint for b in sch.get_consumers(main)
-                    if sch.get(b).name_hint in new), None)
+    crops = [sch.get(b).name_hint for b in sch.get_consumers(main)
+             if sch.get(b).name_hint in new][:1] + crops
     in_pads = [sch.get(b).name_hint for b in sch.get_producers(main)
                if sch.get(b).name_hint in new]
-    return [-(-e // f) * f for e, f in zip(exts, factors)], out_pad, in_pads
+    return [-(-e // f) * f for e, f in zip(exts, factors)], crops, in_pads
+
+
+def _own_output(sch: s_tir.Schedule, fa: FuncAnalysis) -> List[str]:
+    """A main block that writes part of its output (a part of a decomposed function,
+    ``analysis.vector_tail``) writes a buffer of its own region first: ``pad_einsum`` pads
+    and crops whole buffers. Returns the copy into the output (inlined into the write-back
+    later), or nothing when the block writes its whole output."""
+    main = sch.get_sblock(fa.main)
+    region = sch.get(main).writes[0]
+    shape = [int(d) for d in region.source.shape]
+    covered = [int(r.extent) if isinstance(r.extent, tirx.IntImm) else -1
+               for r in region.region]
+    if covered == shape:
+        return []
+    return [sch.get(sch.cache_write(main, 0, "global")).name_hint]
 
 
 def _read_name(sch: s_tir.Schedule, main, name: str) -> str:

@@ -31,7 +31,7 @@ def apply_microkernel(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: Ge
                       cand: Candidate) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     leftovers = list(fa.producers)  # computed whole, before the tasks (casts, quantization)
-    ext_p, out_pad, in_pads = pad_main(sch, fa, t)
+    ext_p, crops, in_pads = pad_main(sch, fa, t)
     main = sch.get_sblock(fa.main)
     loops = axis_loops(sch, main)
     s0, s1, s2, s3 = [], [], [], []
@@ -55,8 +55,8 @@ def apply_microkernel(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, roles: Ge
 
     wb = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(wb, s1[i_n], preserve_unit_loops=True)
-    if out_pad:
-        sch.reverse_compute_inline(sch.get_sblock(out_pad))
+    for name in crops:
+        sch.reverse_compute_inline(sch.get_sblock(name))
     leftovers += fold_epilogue(sch, list(fa.consumers), sch.get(wb).name_hint)
     vectorize_inner(sch, sch.get_loops(wb)[-1], t.vector_lanes)
 

@@ -86,8 +86,10 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
             steps.append([1]); start.append(1)
         elif i == v:
             if a.extent >= lanes:
+                # eps 0 (the exact candidates): only whole vectors dividing the axis rounded
+                # to the lanes, so no padding beyond the last partial vector
                 sizes = aligned_steps(ceil_div(a.extent, lanes) * lanes, lanes, limit=4 * lanes,
-                                      eps=1.0, multiples=(1, 2, 3, 4))
+                                      eps=1.0 if eps > 0 else 0.0, multiples=(1, 2, 3, 4))
                 notes.append(f"vector axis {a.name}: register tile a multiple of {lanes} "
                              f"{fa.dtype} lanes (one vector register)")
             else:
@@ -117,6 +119,33 @@ def _register_level(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[
 
     path = grow_by_reuse(start, steps, q, f, fits)
     return path[-3:]
+
+
+def _register_candidates(fa: FuncAnalysis, dev: DeviceModel, lanes: int, notes: List[str],
+                         eps: float) -> List[Tuple[Tile, float]]:
+    """(register tile, reduction-chunk epsilon) pairs: the ``eps``-padded growth's tiles and,
+    when ``eps`` > 0, the exact growth's largest (dividing its axes; chunks dividing K when
+    the rows it holds over a whole K fit L1). Only the largest: the smaller exact tiles (one
+    row, one vector) are where the model's compute term is least accurate (485×528×913: a 1×48
+    tile predicted 2.9 ms, measured 4.6)."""
+    red_eps = RED_PAD_EPS if eps > 0 else 0.0
+    out = [(reg, red_eps) for reg in _register_level(fa, dev, lanes, notes, eps)]
+    if eps > 0:
+        cap = dev.levels[0].capacity_bytes * L1_FILL
+        out += [(reg, 0.0 if _held_rows_fit(fa, reg, cap) else red_eps)
+                for reg in _register_level(fa, dev, lanes, [], 0.0)[-1:]]
+    return list(dict.fromkeys(out))
+
+
+def _held_rows_fit(fa: FuncAnalysis, reg: Tile, cap_bytes: float) -> bool:
+    """Whether the operands a register tile reuses across the vector axis (A's rows, held in L1
+    while B streams) fit ``cap_bytes`` over the whole reduction: only then is a chunk of all of
+    K (a prime K's only exact one) as fast as padded chunks (96×1214×64: A's six rows over all
+    of K outgrew L1, 76 GFLOP/s; padded to 32-long chunks, 153)."""
+    tile = tuple(a.extent if a.kind == "R" else r for a, r in zip(fa.axes, reg))
+    held = sum(acc.footprint(tile) * acc.bytes_per_elem for acc in fa.reads
+               if fa.vector_axis not in acc.axes_used())
+    return held <= cap_bytes
 
 
 def _cache_level(fa: FuncAnalysis, base: Tile, cap_bytes: float, grow_reduction: bool,
@@ -303,12 +332,13 @@ def construct_tiled(fa: FuncAnalysis, dev: DeviceModel, topk: int = 1,
     if eps > 0 and not can_pad:
         eps = 0.0
         notes.append("padding eps 0: the main block is not einsum-like (tiles divide the axes)")
-    regs = _register_level(fa, dev, lanes, notes, eps)
     cands = {}
-    for reg in regs:
+    # the padded candidates (ROLLER's epsilon) and the exact ones: padding copies a
+    # non-constant input in every call (``_count_pad_copies``), so the model picks between them
+    for reg, red_eps in _register_candidates(fa, dev, lanes, notes, eps):
         padded = padded_extents(fa, reg) if can_pad else [a.extent for a in fa.axes]
         l1s = _cache_level(fa, reg, dev.levels[0].capacity_bytes * L1_FILL, True, lanes,
-                           line_elems, padded=padded, red_eps=RED_PAD_EPS if eps > 0 else 0.0)
+                           line_elems, padded=padded, red_eps=red_eps)
         for l1 in l1s:
             l1 = _split_l1_for_parallelism(fa, reg, l1, dev.num_units, padded)
             l2s = _cache_level(fa, l1, dev.levels[1].capacity_bytes * L2_FILL, False, lanes,
