@@ -22,6 +22,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
 from tvm_roller.analysis import axis_split
+from tvm_roller.analysis.constants import constant_params
 from tvm_roller.analysis.parts import Decomposition
 from tvm_roller.analysis.visit import post_order_visit
 
@@ -67,7 +68,7 @@ def _vector_axis(func: tirx.PrimFunc, block: s_tir.SBlock) -> Optional[int]:
     if axis is None or block.iter_vars[axis].iter_type != tirx.IterVar.DataPar:
         return None
     var = block.iter_vars[axis].var
-    free = _constant_params(func)
+    free = constant_params(func)
     inputs = [ld for ld in loads if not ld.source.same_as(store.buffer)]
     along = [ld for ld in inputs if any(i.same_as(var) for i in ld.indices)]
     if not any(ld.indices[-1].same_as(var) for ld in along):
@@ -83,10 +84,3 @@ def _plain(indices, block: s_tir.SBlock) -> bool:
     variables = [iv.var for iv in block.iter_vars]
     return all(isinstance(i, tirx.IntImm) or any(i.same_as(v) for v in variables)
                for i in indices)
-
-
-def _constant_params(func: tirx.PrimFunc) -> set:
-    """Names of the buffers the function's ``layout_free_buffers`` lists (bound to constants)."""
-    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
-    params = list(func.params)  # 0.27: a parameter is its buffer
-    return {str(params[int(i)].name) for i in (free or ())}

@@ -22,7 +22,8 @@ from tvm_roller.backends.cpu.microkernel import Candidate, Shape
 from tvm_roller.backends.cpu.microkernel.intrin import intrin_name
 from tvm_roller.backends.cpu.microkernel.pack import pack_intrin_name, pack_ir
 from tvm_roller.backends.cpu.policy_microkernel import GemmRoles
-from tvm_roller.backends.cpu.prepack import PREPROC, layout_free_param
+from tvm_roller.analysis.constants import layout_free_param
+from tvm_roller.backends.cpu.prepack import PREPROC
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.core.rtile import RTile
 

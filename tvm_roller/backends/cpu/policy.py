@@ -19,7 +19,7 @@ from tvm_roller.analysis.traffic import (accumulator_registers, input_bytes, num
                                          output_bytes, param_bytes, register_loads)
 from tvm_roller.backends.cpu.pack_policy import with_panel_packing
 from tvm_roller.backends.cpu.perf_model import predict_streaming, predict_tiled
-from tvm_roller.backends.cpu.prepack import constant_operand
+from tvm_roller.analysis.constants import constant_operand
 from tvm_roller.core.growth import grow_by_reuse
 from tvm_roller.core.rtile import (RTile, aligned_steps, ceil_div, padding_waste,
                                    worst_padding_waste)

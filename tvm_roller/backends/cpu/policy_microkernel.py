@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 from tvm_roller.analysis import FuncAnalysis
 from tvm_roller.backends.cpu.microkernel import Candidate, Operands, candidates, route_named
-from tvm_roller.backends.cpu.prepack import constant_operand
+from tvm_roller.analysis.constants import constant_operand
 from tvm_roller.core.errors import InvalidTile, UnsupportedError
 from tvm_roller.core.rtile import RTile
 from tvm_roller.hardware.model import DeviceModel

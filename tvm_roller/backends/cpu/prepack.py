@@ -15,6 +15,7 @@ from typing import List, Optional
 from tvm import s_tir, tirx
 
 from tvm_roller.analysis import FuncAnalysis
+from tvm_roller.analysis.constants import layout_free_param
 
 #: the block annotation Relax's SplitLayoutRewritePreproc moves into a function of its own
 PREPROC = "meta_schedule.layout_rewrite_preproc"
@@ -28,26 +29,6 @@ def panel_operands(fa: FuncAnalysis, vector_axis: Optional[int]) -> List[str]:
     reduction = set(fa.reduction)
     return [a.buffer for a in fa.reads
             if a.innermost_axis() == vector_axis and reduction & set(a.axes_used())]
-
-
-def layout_free_param(func: tirx.PrimFunc, source) -> Optional[int]:
-    """The index of parameter ``source`` (a buffer the kernel reads) when the function's
-    ``layout_free_buffers`` lists it (its callers bind it to a constant), else None."""
-    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
-    if not free:
-        return None
-    for i, p in enumerate(func.params):
-        if p.same_as(source):
-            return i if any(int(f) == i for f in free) else None
-    return None
-
-
-def constant_operand(func: tirx.PrimFunc, name: str) -> bool:
-    """Whether the parameter named ``name`` is in ``layout_free_buffers`` (bound to a constant
-    by its callers: a copy of it is made once, while compiling)."""
-    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
-    names = [str(p.name) for p in func.params]
-    return bool(free) and name in names and any(int(i) == names.index(name) for i in free)
 
 
 def prepack(sch: s_tir.Schedule, func: tirx.PrimFunc, main, name: str, panel: int) -> bool:
