@@ -127,7 +127,42 @@ def whisper_encoder(size: str = "small"):
     return _eval(LastHidden(WhisperEncoder(cfg), "input_features")), x
 
 
+def _moe(cls, model_cls, size: str, seq: int, small: dict, full: dict):
+    """A mixture-of-experts decoder: "small" for tests, "full" with ≥ 1 GB of fp32 experts."""
+    cfg = _config(cls, size, small, full)
+    cfg.use_cache = False
+    return _eval(LastHidden(model_cls(cfg), "input_ids")), _tokens(cfg.vocab_size, seq)
+
+
+def mixtral(size: str = "small", seq: int = 128):
+    """Mixtral-style: every layer's MLP is 8 experts, top-2, renormalised weights."""
+    from transformers import MixtralConfig, MixtralModel
+
+    common = dict(num_attention_heads=8, num_key_value_heads=4, num_local_experts=8,
+                  num_experts_per_tok=2, vocab_size=1000, max_position_embeddings=2048)
+    return _moe(MixtralConfig, MixtralModel, size, seq,
+                dict(common, hidden_size=64, intermediate_size=96, num_hidden_layers=2),
+                dict(common, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4))
+
+
+def qwen2_moe(size: str = "small", seq: int = 128):
+    """Qwen-MoE-style: many small experts, top-k, a gated shared expert."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeModel
+
+    common = dict(num_attention_heads=8, num_key_value_heads=4, num_experts=16,
+                  num_experts_per_tok=4, vocab_size=1000, max_position_embeddings=2048,
+                  norm_topk_prob=True)
+    return _moe(Qwen2MoeConfig, Qwen2MoeModel, size, seq,
+                dict(common, hidden_size=64, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=96, intermediate_size=96,
+                     num_hidden_layers=2),
+                dict(common, hidden_size=1024, moe_intermediate_size=704,
+                     shared_expert_intermediate_size=2816, intermediate_size=2816,
+                     num_hidden_layers=4))
+
+
 MODELS: Dict[str, Callable[..., Tuple[nn.Module, torch.Tensor]]] = {
     "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet,
-    "mobilenet_v2": mobilenet_v2, "whisper_encoder": whisper_encoder,
+    "mobilenet_v2": mobilenet_v2, "whisper_encoder": whisper_encoder, "mixtral": mixtral,
+    "qwen2_moe": qwen2_moe,
 }

@@ -33,7 +33,7 @@ from tvm_roller.integrations.llm.quantize import quantize_lm
 # the families the tests generate with against HF (others are tried, and declined with the
 # reason when export or import fails; Gemma 2 / 3's soft-capping and sliding windows are declined)
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo", "olmo2", "gemma",
-                   "gpt2")
+                   "gpt2", "mixtral", "qwen2_moe")
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,12 @@ def _import(ep, name: str, convert: dict, into: tvm.IRModule) -> None:
     (each function's named apart: ``converters``' prefix)."""
     from tvm.relax.frontend.torch import from_exported_program
 
+    from tvm_roller.integrations.pytorch import convert_map
+    from tvm_roller.integrations.pytorch.emit import with_prefix
+
     # the weights travel as arguments (one set for both functions), not as an attribute
-    mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=convert)
+    mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map={
+        **with_prefix(convert_map(), f"{name}_"), **convert})
     for gv, func in mod.functions_items():
         if gv.name_hint == "main":
             into[name] = func.without_attr("params").with_attr("global_symbol", name)

@@ -30,6 +30,7 @@ from tvm_roller.integrations.relax.passes.norms_in_dtype import norms_in_dtype_p
 from tvm_roller.integrations.relax.passes.prepack import fold_packing, mark_constant_operands
 from tvm_roller.integrations.relax.passes.schedule import relax_context, schedule_pass
 from tvm_roller.integrations.relax.passes.shape_bounds import bound_shapes_pass
+from tvm_roller.integrations.relax.passes.shape_reads import shape_reads_pass
 from tvm_roller.integrations.relax.passes.sink_reshape import sink_reshape_pass
 from tvm_roller.integrations.relax.passes.workarounds import workarounds_pass
 from tvm_roller.planner import UNSET
@@ -95,7 +96,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
         with tgt:
             seq = tvm.transform.Sequential(
                 # before DispatchSortScan legalizes the scans (it needs their shapes)
-                [bound_shapes_pass(), workarounds_pass()]
+                [bound_shapes_pass(), workarounds_pass(), shape_reads_pass()]
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(ctx.fast_math, ctx.fuse_chains, ctx.device,
                                  chains, ctx.conv_layouts),

@@ -1,24 +1,8 @@
-"""PyTorch models into Relax: ``torch.export`` and TVM's importer, weights as constants."""
+"""Converters that keep bf16 / fp16 matmuls and convolutions in their operands' dtype."""
 from __future__ import annotations
 
 #: operand dtypes whose matmul result keeps the operands' dtype (PyTorch's semantics)
 _LOW_PRECISION = ("bfloat16", "float16")
-
-
-def import_torch(model, example, dynamic_shapes=None):
-    """torch.export + Relax's importer; weights become constants (inference deployment), so
-    transposes and folds of weights happen once, at compile time. ``dynamic_shapes``: what
-    ``torch.export.export`` takes for the one input (e.g. ``{1: Dim("seq", min=1, max=512)}``):
-    its bounds become the Relax function's shape-variable bounds. Matmuls of bf16 / fp16
-    operands (and convolutions) give a result of that dtype, as in PyTorch (``_MATMULS``)."""
-    import torch
-    from tvm.relax.frontend.torch import from_exported_program
-
-    with torch.no_grad():
-        ep = torch.export.export(model.eval(), (example,), dynamic_shapes=None
-                                 if dynamic_shapes is None else (dynamic_shapes,))
-    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
-                                 custom_convert_map=dict(_MATMULS))
 
 
 # TVM 0.27's importer gives every matmul and convolution a float32 result: a bf16 model then
@@ -99,7 +83,7 @@ def _conv(name: str):
     return convert
 
 
-_MATMULS = {"mm.default": _matmul, "bmm.default": _matmul, "matmul.default": _matmul,
+MATMULS = {"mm.default": _matmul, "bmm.default": _matmul, "matmul.default": _matmul,
             "addmm.default": _addmm, "linear.default": _linear,
             **{name: _conv(name) for name in ("conv1d.default", "conv2d.default",
                                               "convolution.default")}}

@@ -1,0 +1,27 @@
+"""The kernels the converters add, named apart per importing caller.
+
+Two functions imported separately and merged into one module (``tvm_roller.llm``'s prefill and
+decode) would otherwise both hold a PrimFunc named ``routed_matmul``; a caller sets
+``importer.kernel_prefix`` (``with_prefix``) and every kernel is named after it."""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+
+def emit_kernel(importer, func, *args):
+    """``importer.block_builder.emit_te(func, *args)``, the PrimFunc named ``<prefix><func>``."""
+    prefix = getattr(importer, "kernel_prefix", "")
+    return importer.block_builder.emit_te(func, *args,
+                                          primfunc_name_hint=f"{prefix}{func.__name__}")
+
+
+def with_prefix(converters: Dict[str, Callable], prefix: str) -> Dict[str, Callable]:
+    """``converters`` whose kernels are named ``<prefix>...``."""
+
+    def named(convert):
+        def run(node, importer):
+            importer.kernel_prefix = prefix
+            return convert(node, importer)
+        return run
+
+    return {op: named(convert) for op, convert in converters.items()}
