@@ -37,6 +37,16 @@ from tvm_roller.tools.models.llm_configs import CONFIGS, build  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from llamacpp_peer import llamacpp_greedy  # noqa: E402
 
+def routed_bytes(t, cfg) -> float:
+    """The bytes a decode step reads of weight ``t``: a mixture-of-experts layer's stacked
+    expert weights (leading axis = the experts) only for the experts routed to."""
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    nbytes = t.numel() * t.element_size()
+    if experts and t.dim() == 3 and t.shape[0] == experts:
+        return nbytes * cfg.num_experts_per_tok / experts
+    return nbytes
+
+
 def hf_times(model, ids, new: int):
     """(prefill s, decode s per token, tokens) of HF's greedy generate."""
     with torch.no_grad():
@@ -237,7 +247,7 @@ def main() -> None:
         # a tied table passed under two names counted once)
         unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
                   for w in lms[fmt].decode_weights}
-        nbytes[fmt] = sum(t.numel() * t.element_size() for t in unique.values())
+        nbytes[fmt] = sum(routed_bytes(t, cfg) for t in unique.values())
         print(f"{args.config} {fmt}: {nbytes[fmt] / 1e9:.3f} GB of weights read per token "
               f"(fp32 model {weight_bytes / 1e9:.2f} GB), compile {compile_s[fmt]:.1f} s, "
               f"{len(lms[fmt].report)} entries, DRAM {dram / 1e9:.1f} GB/s calibrated",

@@ -71,7 +71,8 @@ def test_histc_counts_like_torch(shape, bins, lo, hi):
 
 
 class GroupedRows(torch.nn.Module):
-    """HF's call (``transformers::grouped_mm_fallback`` for float32, ``_grouped_mm`` for bf16): rows sorted by expert, offsets from histc, weights stored [E, N, K]."""
+    """HF's call (``transformers::grouped_mm_fallback`` for float32): rows sorted by expert,
+    offsets from histc, weights stored [E, N, K]."""
 
     def __init__(self, experts, n, k, transposed=True):
         super().__init__()

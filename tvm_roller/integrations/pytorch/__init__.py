@@ -2,8 +2,9 @@
 
 TVM 0.27's importer is extended by ``convert_map()``: matmuls and convolutions that keep bf16 /
 fp16 (``low_precision``), PyTorch's advanced indexing with index tensors of any ranks
-(``indexing``), a division by a number in the tensor's dtype (``arith``), and the ops a mixture-of-experts layer exports to (``moe_ops``: ``histc``,
-``grouped_mm``, ``index_add``, ``scatter_add``).
+(``indexing``), a division by a number in the tensor's dtype (``arith``), and the ops a
+mixture-of-experts layer exports to (``moe_ops``: ``histc``, ``grouped_mm``, ``index_add``,
+``scatter_add``).
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ those are adjacent, and go first otherwise; a negative index counts from the end
 """
 from __future__ import annotations
 
-from tvm_roller.integrations.pytorch.emit import emit_kernel
-
 from typing import List, Sequence
+
+from tvm_roller.integrations.pytorch.emit import emit_kernel
 
 
 def _is_one(dim) -> bool:

@@ -7,9 +7,9 @@ _LOW_PRECISION = ("bfloat16", "float16")
 
 # TVM 0.27's importer gives every matmul and convolution a float32 result: a bf16 model then
 # turns float32 after its first linear layer (the binary ops promote, weights included), and
-# addmm of a bf16 bias (batch_norm after a bf16 convolution) fails to type-check. These converters keep the operands' dtype for bf16 / fp16 (the float32
-# accumulation is the Relax pipeline's, ``passes.accumulate_f32``) and emit what the importer
-# does otherwise.
+# addmm of a bf16 bias (batch_norm after a bf16 convolution) fails to type-check. These
+# converters keep the operands' dtype for bf16 / fp16 (the float32 accumulation is the Relax
+# pipeline's, ``passes.accumulate_f32``) and emit what the importer does otherwise.
 
 
 def _out_dtype(a, b) -> str:

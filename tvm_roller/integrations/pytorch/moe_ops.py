@@ -14,11 +14,10 @@ end are zero (PyTorch leaves them undefined).
 """
 from __future__ import annotations
 
-from tvm_roller.integrations.pytorch.emit import emit_kernel
-
 import numpy as np
 
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.integrations.pytorch.emit import emit_kernel
 
 _LOW = ("bfloat16", "float16")
 
@@ -87,8 +86,9 @@ def _by_rows(importer, a, stored, offs, transposed, out_dtype):
     rows, groups = int(a.ty.shape[0]), int(offs.ty.shape[0])
     group = emit_kernel(importer, group_of_rows, rows, offs)
     experts = _scalars(bb, group, rows, "expert")
-    outs = [emit_kernel(importer, routed_matmul, bb.emit(relax.op.strided_slice(a, [0], [s], [s + 1])),
-                       stored, experts[s], transposed, out_dtype) for s in range(rows)]
+    rows_of = [bb.emit(relax.op.strided_slice(a, [0], [s], [s + 1])) for s in range(rows)]
+    outs = [emit_kernel(importer, routed_matmul, row, stored, experts[s], transposed, out_dtype)
+            for s, row in enumerate(rows_of)]
     out = outs[0] if rows == 1 else bb.emit(relax.op.concat(outs, axis=0))
     last = bb.emit(relax.op.strided_slice(offs, [0], [groups - 1], [groups]))
     live = bb.emit(relax.op.less(relax.op.arange(0, rows, 1, "int64"),
@@ -108,9 +108,9 @@ def _by_groups(importer, a, stored, offs, transposed, out_dtype):
     ends = _scalars(bb, offs, groups, "end")
     # each group's row count its own variable: the kernel's one symbolic extent
     offs64 = bb.emit(relax.op.astype(offs, "int64"))
-    starts = bb.emit(relax.op.concat([relax.const(np.zeros(1, "int64"), "int64"),
-                                      relax.op.strided_slice(offs64, [0], [0], [groups - 1])],
-                                     axis=0)) if groups > 1 else relax.const(np.zeros(1, "int64"), "int64")
+    zero = relax.const(np.zeros(1, "int64"), "int64")
+    starts = zero if groups == 1 else bb.emit(relax.op.concat(
+        [zero, relax.op.strided_slice(offs64, [0], [0], [groups - 1])], axis=0))
     counts = _scalars(bb, bb.emit(relax.op.subtract(offs64, starts)), groups, "rows")
     cols = stored.ty.shape[1] if transposed else stored.ty.shape[2]
     pieces, start = [], tirx.const(0, "int64")

@@ -15,6 +15,12 @@ CONFIGS: Dict[str, Tuple[str, dict]] = {
                                    num_attention_heads=32, num_key_value_heads=8,
                                    intermediate_size=8192, vocab_size=128256,
                                    tie_word_embeddings=True, max_position_embeddings=131072)),
+    # a Mixtral-style MoE whose fp32 experts hold 1.1 GB: 4 layers, hidden 1024, 8 experts of
+    # MLP 2816, top-2 (decode reads 2 of 8 experts a layer)
+    "mixtral-1g": ("Mixtral", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=2816,
+                                   num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
+                                   sliding_window=None, max_position_embeddings=4096)),
     "tiny": ("Llama", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                            num_key_value_heads=2, intermediate_size=96, vocab_size=97,
                            max_position_embeddings=4096)),

@@ -142,7 +142,10 @@ def param_decisions(func: relax.Function, fmt: QuantFormat,
         if not kinds:
             out.append(QuantDecision(name, shape, fmt.name, "unused", unused=True))
             continue
-        if len(shape) != 2 or str(p.ty.dtype) != "float32":
+        if len(shape) == 3:
+            reason = "a 3-D weight (a mixture of experts' stacked experts, a filter): " \
+                     "not quantized; kept float32"
+        elif len(shape) != 2 or str(p.ty.dtype) != "float32":
             reason = "not a float32 matrix read by a linear layer"
         elif _OTHER in kinds:
             reason = "also read by other than a linear layer or an embedding lookup"
@@ -373,9 +376,10 @@ def quantize_for(mod: tvm.IRModule, target, weights: str,
 
 
 def weight_entries(decisions: Sequence[QuantDecision]) -> List[dict]:
-    """Report entries for the matrices' decisions: quantized ones as roller's, the others
-    declined with their reason (vectors — norms' weights, biases — are not listed)."""
+    """Report entries for the matrices' (and stacked experts') decisions: quantized ones as
+    roller's, the others declined with their reason (vectors — norms' weights, biases — are not
+    listed)."""
     return [FuncReport(f"weight {d.name}", "roller" if d.reason is None else "fallback",
                        kind="quant-weight", reason=d.reason or "",
                        fallback="" if d.reason is None else "decline").to_dict()
-            for d in decisions if len(d.shape) == 2 and not d.unused]
+            for d in decisions if len(d.shape) in (2, 3) and not d.unused]
