@@ -5,7 +5,9 @@ A mixture-of-experts layer reads its experts' row counts at run time (``tensor_t
 dataflow block in the order of its variables and puts such a ``match_cast`` after the calls
 whose types use its shape variables, which the VM then cannot allocate. Each read here becomes
 its own (non-dataflow) binding block between the dataflow blocks before and after it, which
-FuseOps keeps in place; a variable used across blocks becomes a plain variable.
+FuseOps keeps in place. Only functions with such reads are split; their variables all become
+plain ones (``ToNonDataflow``), so an intermediate a fused group computes is also written out
+(turning back into dataflow variables those used within their block alone is still to do).
 """
 from __future__ import annotations
 
