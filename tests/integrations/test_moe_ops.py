@@ -175,3 +175,23 @@ def test_index_put_scatters_like_torch():
     a = torch.tensor([0, -1, 3, 3, 4])
     out, ref = _run(IndexPut(), x, a, v)
     assert rel_err(out, ref) <= 1e-6
+
+
+def test_a_routed_product_moves_one_experts_bytes():
+    """The roofline of a product whose weight is indexed by a run-time expert id counts one
+    expert's slice, not the stacked weights (``analysis.selected``); two fixed slices of one
+    buffer count it whole."""
+    from tvm import te, tirx
+
+    from tvm_roller.analysis.selected import selected_fraction
+    from tvm_roller.integrations.pytorch.moe_ops import routed_matmul
+    from tvm_roller.planner.roofline import param_bytes
+
+    a = te.placeholder((1, 64), "float32", name="a")
+    w = te.placeholder((8, 96, 64), "float32", name="w")
+    e = tirx.Var("e", "int64")
+    func = te.create_prim_func([a, w, routed_matmul(a, w, e, True, "float32"), e])
+    assert selected_fraction(func)["w"] == 1 / 8
+    assert param_bytes(func) == 4 * (64 + 96 * 64 + 96)
+    both = te.compute((96, 64), lambda n, k: w[0, n, k] + w[1, n, k], name="both")
+    assert selected_fraction(te.create_prim_func([w, both]))["w"] == 1.0

@@ -7,6 +7,7 @@ import math
 from typing import Sequence
 
 from tvm_roller.analysis.func import FuncAnalysis
+from tvm_roller.analysis.selected import selected_fraction
 from tvm_roller.core.rtile import ceil_div
 from tvm_roller.hardware.model import DTYPE_BYTES
 
@@ -64,5 +65,8 @@ def param_bytes(fa: FuncAnalysis) -> int:
     of every input and output: what a streaming kernel moves)."""
     # in TVM 0.27 a buffer parameter is a Var whose type carries the shape and dtype (a
     # scalar parameter's has neither: it moves nothing)
-    return sum(math.prod(int(s) for s in p.ty.shape) * DTYPE_BYTES.get(str(p.ty.dtype), 4)
-               for p in fa.func.params if getattr(p.ty, "shape", None) is not None)
+    # (a dimension indexed by one value no loop varies: one slice of it, ``analysis.selected``)
+    share = selected_fraction(fa.func)
+    return int(sum(math.prod(int(s) for s in p.ty.shape) * DTYPE_BYTES.get(str(p.ty.dtype), 4)
+                   * share.get(str(p.name), 1.0)
+                   for p in fa.func.params if getattr(p.ty, "shape", None) is not None))

@@ -15,6 +15,8 @@ from typing import Optional
 
 from tvm import tirx
 
+from tvm_roller.analysis.selected import selected_fraction
+
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.model import DeviceModel, dtype_bytes
@@ -39,8 +41,10 @@ def reduction_flops(fa: FuncAnalysis) -> float:
 
 
 def param_bytes(func: tirx.PrimFunc) -> Optional[int]:
-    """One read or write of every buffer parameter; None when a shape is symbolic."""
+    """One read or write of every buffer parameter (of the slice it can touch:
+    ``analysis.selected``); None when a shape is symbolic."""
     total = 0
+    share = selected_fraction(func)
     for p in func.params:
         shape = getattr(getattr(p, "ty", None), "shape", None)
         if shape is None:
@@ -48,7 +52,7 @@ def param_bytes(func: tirx.PrimFunc) -> Optional[int]:
         dims = [getattr(d, "value", d) for d in shape]
         if not all(isinstance(d, int) for d in dims):
             return None
-        total += math.prod(dims) * dtype_bytes(str(p.dtype))
+        total += int(math.prod(dims) * dtype_bytes(str(p.dtype)) * share.get(str(p.name), 1.0))
     return total
 
 
