@@ -71,7 +71,10 @@ def specialize(func, values: Mapping[str, int]) -> tirx.PrimFunc:
                                        f"{dict(values)}")
             shape.append(value)
         bound.update(str(d.name) for d in dims)
-        mapping[p] = tirx.decl_buffer(shape, p.dtype, p.name)
+        # (the same alignment: TVM's specialize checks it; a hand-written kernel such as
+        # TVM's topk declares 8-byte buffers)
+        mapping[p] = tirx.decl_buffer(shape, p.dtype, p.name,
+                                      data_alignment=int(p.data_alignment))
     unbound = sorted(set(variables) - bound)
     if unbound:
         raise UnsupportedError(f"shape variable(s) {', '.join(unbound)} appear only inside "
