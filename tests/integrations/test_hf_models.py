@@ -36,9 +36,7 @@ def _compile_and_run(model, x, **kw):
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy()))
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
-    for m in model.modules():  # PyTorch's grouped_mm takes no float64: its eager experts do
-        if getattr(m, "config", None) is not None and hasattr(m.config, "_experts_implementation"):
-            m.config._experts_implementation = "eager"
+    hf_models.eager_experts(model)
     with torch.no_grad():
         ref = model.double()(x.double() if x.is_floating_point() else x).numpy()
     model.float()

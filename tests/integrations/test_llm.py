@@ -209,10 +209,9 @@ def test_family_greedy_tokens_match_hf(family):
     assert not [e["name"] for e in lm.report if e.get("fallback") == "error"]
     ids = torch.randint(0, 89, (1, 6), generator=torch.Generator().manual_seed(5))
     out = lm.generate(ids, 64)
-    ref = copy.deepcopy(model).double()
-    for m in ref.modules():  # PyTorch's grouped_mm takes no float64: the eager experts do
-        if getattr(m, "config", None) is not None and hasattr(m.config, "_experts_implementation"):
-            m.config._experts_implementation = "eager"
+    from harness.examples.hf_models import eager_experts
+
+    ref = eager_experts(copy.deepcopy(model).double())
     with torch.no_grad():
         logits = ref(out).logits[0]
     assert out[0, 6:].tolist() == logits[5:-1].argmax(-1).tolist()

@@ -5,13 +5,15 @@ expert a mixture-of-experts product reads, chosen at run time; a constant) is on
 dimension, not all of it: a routed product of 8 stacked experts moves one expert's bytes."""
 from __future__ import annotations
 
-from typing import Dict
+import math
+from typing import Dict, Optional
 
 import tvm_ffi
 from tvm import tirx
 from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad(...) builds in TVM 0.27
 
 from tvm_roller.analysis.visit import post_order_visit
+from tvm_roller.hardware.model import dtype_bytes
 
 
 def _free_of_loops(expr, scalars) -> bool:
@@ -58,3 +60,19 @@ def selected_fraction(func: tirx.PrimFunc) -> Dict[str, float]:
                 share /= int(size)
         out[str(p.name)] = share
     return out
+
+
+def touched_param_bytes(func: tirx.PrimFunc) -> Optional[int]:
+    """One read or write of every buffer parameter, of the slice it can touch; None when a
+    shape is symbolic."""
+    total = 0
+    share = selected_fraction(func)
+    for p in func.params:
+        shape = getattr(getattr(p, "ty", None), "shape", None)
+        if shape is None:
+            continue  # a scalar
+        dims = [getattr(d, "value", d) for d in shape]
+        if not all(isinstance(d, int) for d in dims):
+            return None
+        total += int(math.prod(dims) * dtype_bytes(str(p.dtype)) * share.get(str(p.name), 1.0))
+    return total

@@ -7,9 +7,8 @@ import math
 from typing import Sequence
 
 from tvm_roller.analysis.func import FuncAnalysis
-from tvm_roller.analysis.selected import selected_fraction
+from tvm_roller.analysis.selected import touched_param_bytes
 from tvm_roller.core.rtile import ceil_div
-from tvm_roller.hardware.model import DTYPE_BYTES
 
 
 def input_bytes(fa: FuncAnalysis, tile: Sequence[int]) -> int:
@@ -62,11 +61,6 @@ def accumulator_registers(fa: FuncAnalysis, reg: Sequence[int], lanes: int) -> i
 
 def param_bytes(fa: FuncAnalysis) -> int:
     """Bytes of all the function's buffer parameters, each at its own dtype (one read or write
-    of every input and output: what a streaming kernel moves)."""
-    # in TVM 0.27 a buffer parameter is a Var whose type carries the shape and dtype (a
-    # scalar parameter's has neither: it moves nothing)
-    # (a dimension indexed by one value no loop varies: one slice of it, ``analysis.selected``)
-    share = selected_fraction(fa.func)
-    return int(sum(math.prod(int(s) for s in p.ty.shape) * DTYPE_BYTES.get(str(p.ty.dtype), 4)
-                   * share.get(str(p.name), 1.0)
-                   for p in fa.func.params if getattr(p.ty, "shape", None) is not None))
+    of every input and output: what a streaming kernel moves; a dimension indexed by one value
+    no loop varies counts one slice, ``analysis.selected``)."""
+    return touched_param_bytes(fa.func) or 0

@@ -15,11 +15,11 @@ from typing import Optional
 
 from tvm import tirx
 
-from tvm_roller.analysis.selected import selected_fraction
+from tvm_roller.analysis.selected import touched_param_bytes
 
 from tvm_roller.analysis.func import FuncAnalysis
 from tvm_roller.core.errors import UnsupportedError
-from tvm_roller.hardware.model import DeviceModel, dtype_bytes
+from tvm_roller.hardware.model import DeviceModel
 from tvm_roller.planner.context import Context
 
 
@@ -43,17 +43,7 @@ def reduction_flops(fa: FuncAnalysis) -> float:
 def param_bytes(func: tirx.PrimFunc) -> Optional[int]:
     """One read or write of every buffer parameter (of the slice it can touch:
     ``analysis.selected``); None when a shape is symbolic."""
-    total = 0
-    share = selected_fraction(func)
-    for p in func.params:
-        shape = getattr(getattr(p, "ty", None), "shape", None)
-        if shape is None:
-            continue  # a scalar
-        dims = [getattr(d, "value", d) for d in shape]
-        if not all(isinstance(d, int) for d in dims):
-            return None
-        total += int(math.prod(dims) * dtype_bytes(str(p.dtype)) * share.get(str(p.name), 1.0))
-    return total
+    return touched_param_bytes(func)
 
 
 def bound(fa: FuncAnalysis, dev: DeviceModel) -> Optional[Bound]:

@@ -127,6 +127,15 @@ def whisper_encoder(size: str = "small"):
     return _eval(LastHidden(WhisperEncoder(cfg), "input_features")), x
 
 
+def eager_experts(model: nn.Module) -> nn.Module:
+    """``model`` with HF's eager experts: PyTorch's grouped_mm takes no float64, so a float64
+    reference of a mixture-of-experts model runs them instead."""
+    for m in model.modules():
+        if getattr(m, "config", None) is not None and hasattr(m.config, "_experts_implementation"):
+            m.config._experts_implementation = "eager"
+    return model
+
+
 def _moe(cls, model_cls, size: str, seq: int, small: dict, full: dict):
     """A mixture-of-experts decoder: "small" for tests, "full" with ≥ 1 GB of fp32 experts."""
     cfg = _config(cls, size, small, full)
