@@ -8,7 +8,9 @@ lanes and which offset its weight bytes keep — every ISA-specific part):
   ``sx = max|x| / 127``), ``sx`` and ``offset · Σ x_q`` per group (the offset the route's
   weight bytes keep, taken back once per group instead of once per weight; 0 for a route
   that takes int8 weights as signed bytes);
-* ``matmul``: a task is a block of 16 output rows (one int32 lane each, in ``16 / lanes``
+* ``matmul``: its weight may be a view into a larger tensor (one expert of a mixture's
+  stacked experts: its words and scales take a buffer offset, a multiple of 16 elements); a
+  task is a block of 16 output rows (one int32 lane each, in ``16 / lanes``
   vectors); per group it loads their packed codes once (int4: 4 words a lane, unpacked by an
   AND and a shift + AND into 8; int8: 8, XORed with 0x80 for a signed route), then for each of
   ``ROW_TILE`` activation rows runs 8 route dots per vector (4 products a lane each: weight
@@ -127,8 +129,10 @@ def matmul_kernel(fmt: QuantFormat, n: int, k: int, route: QuantDotRoute) -> tir
 
     @T.prim_func(private=True, s_tir=True)
     def quant_matmul(q_var: T.handle, s_var: T.handle, c_var: T.handle,
-                     words: T.Buffer((blocks, groups, chunks, ROWS), "int32"),
-                     scales: T.Buffer((blocks, groups, ROWS), "float32"), y_var: T.handle):
+                     words: T.Buffer((blocks, groups, chunks, ROWS), "int32",
+                                     offset_factor=ROWS),
+                     scales: T.Buffer((blocks, groups, ROWS), "float32", offset_factor=ROWS),
+                     y_var: T.handle):
         T.func_attr({"tirx.noalias": True})
         m = T.int64()
         xq = T.match_buffer(q_var, (m, k), "int8")

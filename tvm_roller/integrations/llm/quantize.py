@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
+import numpy as np
 import tvm
 
 from tvm_roller.backends.cpu.quant_format import QuantFormat, quantize_packed
@@ -18,7 +19,7 @@ def joint_decisions(mods: Dict[str, tvm.IRModule], names: Sequence[str],
                     fmt: QuantFormat) -> List[QuantDecision]:
     """A weight is quantized when every function can take it quantized (the first function's
     reason otherwise); one no function reads (a tied table's second name) is dropped."""
-    per_func = [param_decisions(mod[name], fmt, names) for name, mod in mods.items()]
+    per_func = [param_decisions(mod[name], fmt, names, mod) for name, mod in mods.items()]
     return [_joint(ds) for ds in zip(*per_func)]
 
 
@@ -46,6 +47,14 @@ def quantize_lm(mods: Dict[str, tvm.IRModule], names: Sequence[str], tensors: Se
         if d.reason is not None:
             packed.append(t)
             continue
-        words, scales = quantize_packed(fmt, t.detach().float().numpy())
-        packed += [words, scales]
+        packed += list(_packed(fmt, t.detach().float().numpy()))
     return out, tuple(packed)
+
+
+def _packed(fmt: QuantFormat, w) -> tuple:
+    """``(words, scales)`` of a ``[n, k]`` weight, or of ``[experts, n, k]`` stacked experts
+    (each packed alone, stacked along a leading axis)."""
+    if w.ndim == 2:
+        return quantize_packed(fmt, w)
+    each = [quantize_packed(fmt, e) for e in w]
+    return np.stack([p[0] for p in each]), np.stack([p[1] for p in each])

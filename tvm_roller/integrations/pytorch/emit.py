@@ -5,14 +5,16 @@ decode) would otherwise both hold a PrimFunc named ``routed_matmul``; a caller s
 ``importer.kernel_prefix`` (``with_prefix``) and every kernel is named after it."""
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 
-def emit_kernel(importer, func, *args):
-    """``importer.block_builder.emit_te(func, *args)``, the PrimFunc named ``<prefix><func>``."""
+def emit_kernel(importer, func, *args, attrs: Optional[dict] = None):
+    """``importer.block_builder.emit_te(func, *args)``, the PrimFunc named ``<prefix><func>``
+    (with ``attrs``, if any)."""
     prefix = getattr(importer, "kernel_prefix", "")
+    extra = {"primfunc_attrs": attrs} if attrs else {}
     return importer.block_builder.emit_te(func, *args,
-                                          primfunc_name_hint=f"{prefix}{func.__name__}")
+                                          primfunc_name_hint=f"{prefix}{func.__name__}", **extra)
 
 
 def with_prefix(converters: Dict[str, Callable], prefix: str) -> Dict[str, Callable]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_roller.analysis.routed import routed_attrs
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.integrations.pytorch.emit import emit_kernel
 
@@ -42,14 +43,12 @@ def group_of_rows(rows, offs):
                       name="group_of_rows")
 
 
-def routed_matmul(a, w, expert, transposed: bool, out_dtype: str, start=0, rows=None):
-    """``out = a[start:start + rows] @ w[expert]`` (``@ w[expert].T`` when ``transposed``: rows
-    along K read in place), ``expert``, ``start`` and ``rows`` scalars known at run time: only
-    that expert's weight and those rows are read."""
+def routed_matmul(a, w, expert, transposed: bool, out_dtype: str):
+    """``out = a @ w[expert]`` (``@ w[expert].T`` when ``transposed``: rows along K read in
+    place), ``expert`` a scalar known at run time: only that expert's weight is read."""
     from tvm import te
 
-    depth = a.shape[1]
-    rows = a.shape[0] if rows is None else rows
+    rows, depth = a.shape
     cols = w.shape[1] if transposed else w.shape[2]
     acc = "float32" if str(a.dtype) in _LOW else str(a.dtype)
     k = te.reduce_axis((0, depth), name="k")
@@ -58,10 +57,23 @@ def routed_matmul(a, w, expert, transposed: bool, out_dtype: str, start=0, rows=
         return w[expert, n, kk] if transposed else w[expert, kk, n]
 
     out = te.compute((rows, cols), lambda s, n: te.sum(
-        a[start + s, k].astype(acc) * weight(k, n).astype(acc), axis=k), name="routed_matmul")
+        a[s, k].astype(acc) * weight(k, n).astype(acc), axis=k), name="routed_matmul")
     if acc == out_dtype:
         return out
     return te.compute((rows, cols), lambda s, n: out[s, n].astype(out_dtype), name="cast")
+
+
+def rows_of(a, start, rows):
+    """``a[start:start + rows]``, ``start`` and ``rows`` known at run time (a group's rows)."""
+    from tvm import te
+
+    return te.compute((rows, a.shape[1]), lambda s, k: a[start + s, k], name="rows_of")
+
+
+def _routed(importer, rows, stored, expert, transposed: bool, out_dtype: str):
+    """A routed product, its kernel marked as one (``analysis.routed``)."""
+    return emit_kernel(importer, routed_matmul, rows, stored, expert, transposed, out_dtype,
+                       attrs=routed_attrs(transposed, expert))
 
 
 def _scalars(bb, tensor, count: int, name: str):
@@ -86,9 +98,9 @@ def _by_rows(importer, a, stored, offs, transposed, out_dtype):
     rows, groups = int(a.ty.shape[0]), int(offs.ty.shape[0])
     group = emit_kernel(importer, group_of_rows, rows, offs)
     experts = _scalars(bb, group, rows, "expert")
-    rows_of = [bb.emit(relax.op.strided_slice(a, [0], [s], [s + 1])) for s in range(rows)]
-    outs = [emit_kernel(importer, routed_matmul, row, stored, experts[s], transposed, out_dtype)
-            for s, row in enumerate(rows_of)]
+    single = [bb.emit(relax.op.strided_slice(a, [0], [s], [s + 1])) for s in range(rows)]
+    outs = [_routed(importer, row, stored, experts[s], transposed, out_dtype)
+            for s, row in enumerate(single)]
     out = outs[0] if rows == 1 else bb.emit(relax.op.concat(outs, axis=0))
     last = bb.emit(relax.op.strided_slice(offs, [0], [groups - 1], [groups]))
     live = bb.emit(relax.op.less(relax.op.arange(0, rows, 1, "int64"),
@@ -115,8 +127,9 @@ def _by_groups(importer, a, stored, offs, transposed, out_dtype):
     cols = stored.ty.shape[1] if transposed else stored.ty.shape[2]
     pieces, start = [], tirx.const(0, "int64")
     for g in range(groups):
-        pieces.append(emit_kernel(importer, routed_matmul, a, stored, tirx.const(g, "int64"),
-                                 transposed, out_dtype, start, counts[g]))
+        group = emit_kernel(importer, rows_of, a, start, counts[g])
+        pieces.append(_routed(importer, group, stored, tirx.const(g, "int64"), transposed,
+                              out_dtype))
         start = ends[g]
     total = a.ty.shape[0]
     pieces.append(bb.emit(relax.op.zeros(relax.ShapeExpr([total - start, cols]), out_dtype)))

@@ -24,6 +24,7 @@ from tvm import relax, tirx
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from tvm_roller.analysis.routed import RoutedCall, routed_call
 from tvm_roller.backends.cpu.kv_cache import mark_scheduled
 from tvm_roller.backends.cpu.microkernel.quant_dot import QuantDotRoute, pick_quant_route
 from tvm_roller.backends.cpu.quant_format import GROUP, ROWS, QuantFormat, get_format, \
@@ -76,14 +77,36 @@ class _Packed:
     n: int
     k: int
     transposed: bool = False
+    experts: int = 0  # stacked experts ``[experts, n, k]``, each read by routed products
 
 
-_LINEAR, _GATHER, _OTHER = "linear", "gather", "other"
+_LINEAR, _GATHER, _ROUTED, _OTHER = "linear", "gather", "routed", "other"
 
 
-def _uses(func: relax.Function) -> Dict[relax.Var, set]:
+def _operands(call: relax.Call):
+    """``(position, argument)`` of a call, a tuple's fields (a ``call_tir``'s) at position -1."""
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, relax.Tuple):
+            yield from ((-1, f) for f in arg.fields)
+        else:
+            yield i, arg
+
+
+def _quantizable_routed(expr, mod: Optional[tvm.IRModule]) -> Optional[RoutedCall]:
+    """``expr`` as a routed product the kernels take (float32 rows by a parameter of experts
+    stored ``[experts, n, k]``), or None."""
+    routed = routed_call(expr, mod) if mod is not None else None
+    if routed is None or not routed.transposed or not isinstance(routed.stored, relax.Var):
+        return None
+    if str(routed.rows.ty.dtype) != "float32" or str(expr.ty.dtype) != "float32":
+        return None
+    return routed
+
+
+def _uses(func: relax.Function, mod: Optional[tvm.IRModule] = None) -> Dict[relax.Var, set]:
     """How each variable is read: ``linear`` (as ``permute_dims(v)`` feeding only matmuls'
-    second operand), ``gather`` (``take(v, ids, axis=0)``), ``other``."""
+    second operand), ``gather`` (``take(v, ids, axis=0)``), ``routed`` (the stacked experts
+    of a routed product in ``mod``), ``other``."""
     uses: Dict[relax.Var, set] = {}
     transposes: Dict[relax.Var, relax.Var] = {}
     bindings = [b for block in func.body.blocks for b in block.bindings]
@@ -96,8 +119,12 @@ def _uses(func: relax.Function) -> Dict[relax.Var, set]:
         if b.var in transposes:
             continue  # the transpose itself: its own uses say what the weight is
         name = getattr(v.op, "name", "") if isinstance(v, relax.Call) else ""
-        for i, arg in enumerate(v.args if isinstance(v, relax.Call) else ()):
-            if not isinstance(arg, relax.Var):
+        routed = _quantizable_routed(v, mod)
+        if routed is not None:
+            uses.setdefault(routed.stored, set()).add(_ROUTED)
+        for i, arg in (_operands(v) if isinstance(v, relax.Call) else ()):
+            if not isinstance(arg, relax.Var) or (routed is not None and arg.same_as(
+                    routed.stored)):
                 continue
             if arg in transposes and name == "relax.matmul" and i == 1 and float_rows(v):
                 uses.setdefault(transposes[arg], set()).add(_LINEAR)
@@ -129,11 +156,12 @@ def float_rows(matmul: relax.Call) -> bool:
         str(matmul.ty.dtype) == "float32"
 
 
-def param_decisions(func: relax.Function, fmt: QuantFormat,
-                    names: Sequence[str]) -> List[QuantDecision]:
+def param_decisions(func: relax.Function, fmt: QuantFormat, names: Sequence[str],
+                    mod: Optional[tvm.IRModule] = None) -> List[QuantDecision]:
     """One decision per parameter named in ``names`` (the function's trailing parameters, in
-    order: an LLM's weights)."""
-    uses = _uses(func)
+    order: an LLM's weights); ``mod`` holds the kernels the function calls (to find its
+    routed products)."""
+    uses = _uses(relax.analysis.remove_all_unused(func), mod)
     params = list(func.params)[len(func.params) - len(names):]
     out = []
     for name, p in zip(names, params):
@@ -142,17 +170,25 @@ def param_decisions(func: relax.Function, fmt: QuantFormat,
         if not kinds:
             out.append(QuantDecision(name, shape, fmt.name, "unused", unused=True))
             continue
-        if len(shape) == 3:
-            reason = "a 3-D weight (a mixture of experts' stacked experts, a filter): " \
-                     "not quantized; kept float32"
-        elif len(shape) != 2 or str(p.ty.dtype) != "float32":
-            reason = "not a float32 matrix read by a linear layer"
-        elif _OTHER in kinds:
-            reason = "also read by other than a linear layer or an embedding lookup"
-        else:
-            reason = shape_reason(fmt, *shape)
-        out.append(QuantDecision(name, shape, fmt.name, reason))
+        out.append(QuantDecision(name, shape, fmt.name, _reason(fmt, shape, str(p.ty.dtype),
+                                                                 kinds)))
     return out
+
+
+def _reason(fmt: QuantFormat, shape: Tuple[int, ...], dtype: str, kinds: set) -> Optional[str]:
+    """Why a weight read as ``kinds`` stays float32 (None: it is quantized)."""
+    if dtype != "float32":
+        return "not a float32 weight"
+    if len(shape) == 3:
+        if kinds != {_ROUTED}:
+            return ("a 3-D weight read other than by routed products over experts stored "
+                    "[experts, n, k] (a filter; experts read as [experts, k, n]): kept float32")
+        return shape_reason(fmt, *shape[1:])
+    if len(shape) != 2:
+        return "not a float32 matrix read by a linear layer"
+    if _OTHER in kinds or _ROUTED in kinds:
+        return "also read by other than a linear layer or an embedding lookup"
+    return shape_reason(fmt, *shape)
 
 
 class _Kernels:
@@ -215,10 +251,26 @@ def _gather(ids: relax.Expr, w: _Packed, kernels: _Kernels) -> relax.Expr:
     return relax.op.reshape(rows, relax.ShapeExpr(lead + [k]))
 
 
-def packed_types(fmt: QuantFormat, n: int, k: int) -> Tuple[relax.TensorType, ...]:
+def packed_types(fmt: QuantFormat, n: int, k: int,
+                 experts: int = 0) -> Tuple[relax.TensorType, ...]:
+    """The words' and scales' types of a ``[n, k]`` weight (``experts`` of them stacked)."""
     g = k // GROUP
-    return (relax.TensorType([n // ROWS, g, fmt.chunks, ROWS], "int32"),
-            relax.TensorType([n // ROWS, g, ROWS], "float32"))
+    lead = [experts] if experts else []
+    return (relax.TensorType(lead + [n // ROWS, g, fmt.chunks, ROWS], "int32"),
+            relax.TensorType(lead + [n // ROWS, g, ROWS], "float32"))
+
+
+def _expert_view(fmt: QuantFormat, w: _Packed, expert: tirx.PrimExpr) -> _Packed:
+    """Expert ``expert`` of the stacked ``w``: views of its words and scales (no copy; the
+    kernels take a buffer offset)."""
+    one = packed_types(fmt, w.n, w.k)
+
+    def view(whole, ty):
+        size = 4 * int(np.prod([int(d) for d in ty.shape]))
+        offset = expert.astype("int64") * tirx.IntImm("int64", size)
+        return relax.op.memory.view(whole, ty.shape, ty.dtype, relax.prim_value(offset))
+
+    return _Packed(view(w.words, one[0]), view(w.scales, one[1]), w.n, w.k)
 
 
 def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecision],
@@ -229,7 +281,9 @@ def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecis
     and its linear layers and lookups over them rewritten onto the kernels (named
     ``prefix``...)."""
     gv = mod.get_global_var(name)
-    func = mod[gv]
+    # (a dead binding would read a replaced parameter: the importer leaves the transposes of
+    # stacked experts its routed products read in place)
+    func = relax.analysis.remove_all_unused(mod[gv])
     params = list(func.params)
     first = len(params) - len(decisions)
     packed: Dict[relax.Var, _Packed] = {}
@@ -240,17 +294,17 @@ def quantize_params(mod: tvm.IRModule, name: str, decisions: Sequence[QuantDecis
         if d.reason is not None:
             new_params.append(p)
             continue
-        n, k = d.shape
-        ws, ss = packed_types(fmt, n, k)
+        experts, (n, k) = (d.shape[0] if len(d.shape) == 3 else 0), d.shape[-2:]
+        ws, ss = packed_types(fmt, n, k, experts)
         wv, sv = relax.Var(f"{p.name}_q", ws), relax.Var(f"{p.name}_s", ss)
-        packed[p] = _Packed(wv, sv, n, k)
+        packed[p] = _Packed(wv, sv, n, k, experts=experts)
         new_params += [wv, sv]
     if len(new_params) == len(params) and not packed:
         return mod
     builder = relax.BlockBuilder(mod)
     kernels = _Kernels(fmt, builder, report, prefix)
     body = _rewrite(func, lambda w: packed.get(w) if isinstance(w, relax.Var) else None,
-                    kernels).body
+                    kernels, mod).body
     builder.update_func(gv, relax.Function(new_params, body, func.ret_ty,
                                            func.is_pure, func.attrs))
     return _share_quantized_activations(builder.get())
@@ -262,9 +316,10 @@ def _share_quantized_activations(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.EliminateCommonSubexpr()(mod)
 
 
-def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax.Function:
-    """Linear layers and lookups over a weight ``lookup`` knows (-> its ``_Packed``) rewritten
-    onto the kernels."""
+def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels,
+             mod: Optional[tvm.IRModule] = None) -> relax.Function:
+    """Linear layers, lookups and routed products (kernels in ``mod``) over a weight ``lookup``
+    knows (-> its ``_Packed``) rewritten onto the kernels."""
     x, w, ids = wildcard(), wildcard(), wildcard()
     transpose = is_op("relax.permute_dims")(w)
     linear = is_op("relax.matmul")(x, transpose)
@@ -290,8 +345,16 @@ def _rewrite(func: relax.Function, lookup: Callable, kernels: _Kernels) -> relax
             return expr
         return _gather(matches[ids], found, kernels)
 
+    def on_routed(expr, matches):
+        routed = _quantizable_routed(expr, mod)
+        found = lookup(routed.stored) if routed is not None else None
+        if found is None or not found.experts:
+            return expr
+        return _linear(routed.rows, _expert_view(kernels.fmt, found, routed.expert), kernels)
+
     func = rewrite_call(linear, on_linear, func)
     func = rewrite_call(gather, on_gather, func)
+    func = rewrite_call(is_op("relax.call_tir")(wildcard(), wildcard()), on_routed, func)
     return rewrite_call(plain, on_plain, func)
 
 
