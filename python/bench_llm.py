@@ -42,7 +42,10 @@ def routed_bytes(t, cfg) -> float:
     expert weights (leading axis = the experts) only for the experts routed to."""
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     nbytes = t.numel() * t.element_size()
-    if experts and t.dim() == 3 and t.shape[0] == experts:
+    # stacked: float32 [E, n, k]; packed words [E, n/16, k/32, chunks, 16] int32 and scales
+    # [E, n/16, k/32, 16] float32 (a plain matrix's are one axis fewer)
+    stacked = t.dim() == 3 or (t.dim() == 4 and t.dtype == torch.float32) or t.dim() == 5
+    if experts and stacked and t.shape[0] == experts:
         return nbytes * cfg.num_experts_per_tok / experts
     return nbytes
 

@@ -4,7 +4,8 @@
 Random-weight models have no tokenizer, so the file carries a placeholder vocabulary of the
 model's size (byte tokens and fillers); prompts go in as token ids. Llama-family layouts
 (Llama, Mistral: q/k rows reordered for llama.cpp's rotary convention; Qwen2: as HF holds them,
-with the q/k/v biases). ``weights``: "f32" (what roller's fp32 path is compared with; greedy
+with the q/k/v biases; Mixtral: a Llama whose MLP is stacked experts, written as llama.cpp's
+``ffn_gate_inp`` router and ``ffn_{gate,up,down}_exps`` tensors, HF's fused gate-up split). ``weights``: "f32" (what roller's fp32 path is compared with; greedy
 tokens = HF's for Llama and Qwen2), "q8_0", "q4_0" (``gguf``'s quantization of the 2-D weights,
 norms and biases kept in f32). llama.cpp 0.3.36 built here (its CPU backend reports AMX_INT8
 and weight repacking) segfaults in ``llama_decode`` on quantized files — even a 2-layer model's —
@@ -20,7 +21,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "mixtral": "llama"}
 FILE_TYPES = {"f32": 0, "q4_0": 2, "q8_0": 7}
 
 
@@ -78,6 +79,10 @@ def write_gguf(model, path: str, weights: str = "f32") -> None:
     writer.add_rope_freq_base(getattr(cfg, "rope_theta", None)
                               or cfg.rope_parameters["rope_theta"])
     writer.add_file_type(FILE_TYPES[weights])
+    experts = getattr(cfg, "num_local_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
     _vocab(writer, cfg.vocab_size)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     _tensor(writer, "token_embd.weight", sd["model.embed_tokens.weight"], weights)
@@ -98,10 +103,25 @@ def write_gguf(model, path: str, weights: str = "f32") -> None:
                 if arch == "llama" and gg in ("attn_q", "attn_k"):
                     w = _rotary_rows(w, heads if gg == "attn_q" else kv)
                 _tensor(writer, f"blk.{i}.{gg}.{kind}", w, weights)
+        if experts:
+            _experts(writer, sd, i, weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _experts(writer, sd: dict, layer: int, weights: str) -> None:
+    """Layer ``layer``'s router and stacked experts in llama.cpp's names (numpy shapes
+    ``[experts, rows, k]``; HF's ``gate_up_proj`` holds the gate's rows, then the up's)."""
+    mlp = f"model.layers.{layer}.mlp"
+    gate_up = sd[f"{mlp}.experts.gate_up_proj"]
+    half = gate_up.shape[1] // 2
+    _tensor(writer, f"blk.{layer}.ffn_gate_inp.weight", sd[f"{mlp}.gate.weight"], "f32")
+    _tensor(writer, f"blk.{layer}.ffn_gate_exps.weight", gate_up[:, :half], weights)
+    _tensor(writer, f"blk.{layer}.ffn_up_exps.weight", gate_up[:, half:], weights)
+    _tensor(writer, f"blk.{layer}.ffn_down_exps.weight", sd[f"{mlp}.experts.down_proj"],
+            weights)
 
 
 def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2

@@ -156,6 +156,9 @@ def test_quantized_experts_follow_the_dequantized_float64_model(fmt, family):
     assert all("multiples of 16" in e["reason"] for name, e in weights.items()
                if name.endswith("mlp.gate.weight"))
     assert not [e["name"] for e in lm.report if e.get("fallback") == "error"]
+    # the integer kernels carry the roofline bound of one row
+    kernels = [e for e in lm.report if e["kind"] == "quant-linear"]
+    assert kernels and all(e["bound_s"] > 0 and "(one row)" in e["bound_by"] for e in kernels)
 
 
 @_host_has("avx2")

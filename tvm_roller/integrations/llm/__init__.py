@@ -17,6 +17,7 @@ import tvm
 
 from tvm_roller.hardware import HOST_TARGET, DeviceModel
 from tvm_roller.backends.cpu.kv_cache import CacheLayout
+from tvm_roller.integrations.llm.bounds import one_row_bounds
 from tvm_roller.integrations.llm.export import TESTED_FAMILIES, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
@@ -63,6 +64,7 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     fmt = None if weights == "fp32" else check_target(ctx.target, weights)
     lm = export_lm(model, max_seq_len, fmt)
     report: list = list(lm.kernels)
+    one_row_bounds(report, lm.mod, ctx)
     ex = relax_compile(lm.mod, ctx, report, buckets=length_buckets(lm.mod, max_seq_len))
     dev = ctx.runtime_device()
     vm = tvm.relax.VirtualMachine(ex, dev)

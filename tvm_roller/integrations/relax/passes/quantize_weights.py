@@ -10,6 +10,11 @@ matmul over the packed weight, built from the target's dot-product route
 rows. A parameter ``w`` becomes two (its packed words and its scales, in its place); a
 constant becomes two constants.
 
+A parameter of stacked experts ``[experts, n, k]`` read only by routed products
+(``analysis.routed``: a mixture-of-experts layer's ``rows @ w[expert].T``) is packed expert by
+expert; each product becomes the same two kernels over views of its expert's words and scales
+(no copy: the run-time expert picks the offset), so an unrouted expert is never read.
+
 A weight whose shape the format cannot take, or that something else reads, stays float32 with
 its reason (``QuantDecision``).
 """
