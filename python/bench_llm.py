@@ -36,6 +36,7 @@ from tvm_roller.tools.models.llm_configs import CONFIGS, build  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from llamacpp_peer import llamacpp_greedy  # noqa: E402
+from tvm_roller.backends.cpu.quant_format import get_format  # noqa: E402
 
 def routed_bytes(t, cfg) -> float:
     """The bytes a decode step reads of weight ``t``: a mixture-of-experts layer's stacked
@@ -48,6 +49,21 @@ def routed_bytes(t, cfg) -> float:
     if experts and stacked and t.shape[0] == experts:
         return nbytes * cfg.num_experts_per_tok / experts
     return nbytes
+
+
+def unread_embedding_bytes(model, report: list, fmt: str) -> float:
+    """What a decode step does not read of an input embedding table the LM head does not share:
+    all of it but the token's row (in the format it is held in: the report says whether it
+    was quantized)."""
+    table = model.get_input_embeddings().weight
+    if model.get_output_embeddings() is not None and \
+            model.get_output_embeddings().weight is table:
+        return 0.0
+    name = next(n for n, p in model.named_parameters() if p is table)
+    quantized = any(e["name"] == f"weight {name}" and e["status"] == "roller" for e in report)
+    per_weight = get_format(fmt).bytes_per_weight() if quantized else 4.0
+    rows, cols = table.shape
+    return (rows - 1) * cols * per_weight
 
 
 def hf_times(model, ids, new: int):
@@ -168,7 +184,8 @@ def measure_prompt(n: int, args, cfg, lms: dict, peers: dict, ggufs: dict, nbyte
             pre, dec, refs[name] = hf_times(peer, ids, args.new)
             theirs[name].append((pre, dec))
         for fmt, path in ggufs.items():
-            cpp[fmt].append(llamacpp_greedy(path, ids[0].tolist(), args.new, args.threads))
+            cpp[fmt].append(llamacpp_greedy(path, ids[0].tolist(), args.new, args.threads,
+                                            args.llama_repack))
 
     def med(pairs, i):
         return statistics.median(p[i] for p in pairs)
@@ -195,11 +212,14 @@ def measure_prompt(n: int, args, cfg, lms: dict, peers: dict, ggufs: dict, nbyte
                 f"{'= HF fp32' if row['tokens_match_hf_fp32'] else 'differ from HF fp32'}")
         if fmt in cpp:
             cpre, cdec = med(cpp[fmt], 0), med(cpp[fmt], 1)
+            # (the GGUF file's layout checked: llama.cpp's greedy tokens against HF's)
+            cpp_same = list(cpp[fmt][-1][2]) == ref[0].tolist()
             row.update(llamacpp_format=LLAMA_CPP[fmt], llamacpp_prefill_tok_s=n / cpre,
-                       llamacpp_decode_tok_s=1 / cdec)
+                       llamacpp_decode_tok_s=1 / cdec, llamacpp_tokens_match_hf_fp32=cpp_same)
             text += (f"\n{'':14s}llama.cpp {LLAMA_CPP[fmt]}: prefill {n / cpre:7.1f} tok/s "
                      f"(roller {cpre / pre:.2f}x)  decode {1 / cdec:6.2f} tok/s "
-                     f"(roller {cdec / dec:.2f}x)")
+                     f"(roller {cdec / dec:.2f}x)  tokens "
+                     f"{'= HF fp32' if cpp_same else 'differ from HF fp32'}")
         print(text, flush=True)
         rows.append(row)
     return rows
@@ -218,6 +238,9 @@ def main() -> None:
     ap.add_argument("--llama-cpp", action="store_true",
                     help="also time llama.cpp (llama-cpp-python) on the same weights in the same "
                          "format (f32, q8_0, q4_0)")
+    ap.add_argument("--llama-repack", action="store_true",
+                    help="llama.cpp's quantized files with its repacked weight layouts on "
+                         "(off by default: they crashed on an Emerald Rapids build)")
     ap.add_argument("--hf-bf16", action="store_true", help="also time HF eager in bf16")
     ap.add_argument("--torchao", action="store_true",
                     help="also time HF eager with torchao's int8 weight-only linear layers")
@@ -250,7 +273,8 @@ def main() -> None:
         # a tied table passed under two names counted once)
         unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
                   for w in lms[fmt].decode_weights}
-        nbytes[fmt] = sum(routed_bytes(t, cfg) for t in unique.values())
+        nbytes[fmt] = sum(routed_bytes(t, cfg) for t in unique.values()) \
+            - unread_embedding_bytes(model, lms[fmt].report, fmt)
         print(f"{args.config} {fmt}: {nbytes[fmt] / 1e9:.3f} GB of weights read per token "
               f"(fp32 model {weight_bytes / 1e9:.2f} GB), compile {compile_s[fmt]:.1f} s, "
               f"{len(lms[fmt].report)} entries, DRAM {dram / 1e9:.1f} GB/s calibrated",

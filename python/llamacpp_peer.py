@@ -124,13 +124,14 @@ def _experts(writer, sd: dict, layer: int, weights: str) -> None:
             weights)
 
 
-def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2
-                    ) -> Tuple[float, float, List[int]]:
+def llamacpp_greedy(path: str, ids: List[int], new: int, threads: int = 2,
+                    repack: bool = False) -> Tuple[float, float, List[int]]:
     """(prefill s, decode s per token, the prompt and its ``new`` greedy tokens) of llama.cpp
-    on the GGUF file ``path``."""
+    on the GGUF file ``path``; ``repack``: a quantized file with llama.cpp's repacked weight
+    layouts on (where they do not crash: see the module docstring)."""
     import llama_cpp
 
-    if not path.endswith("-f32.gguf"):
+    if not path.endswith("-f32.gguf") and not repack:
         _without_weight_repacking(llama_cpp)
     lm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + new + 8, n_threads=threads,
                n_threads_batch=threads, n_batch=512, verbose=False)
