@@ -60,7 +60,9 @@ def unread_embedding_bytes(model, report: list, fmt: str) -> float:
             model.get_output_embeddings().weight is table:
         return 0.0
     name = next(n for n, p in model.named_parameters() if p is table)
-    quantized = any(e["name"] == f"weight {name}" and e["status"] == "roller" for e in report)
+    # (the report names a weight by its path in the exported wrapper: a suffix of it)
+    quantized = any(e["kind"] == "quant-weight" and e["name"].endswith(name)
+                    and e["status"] == "roller" for e in report)
     per_weight = get_format(fmt).bytes_per_weight() if quantized else 4.0
     rows, cols = table.shape
     return (rows - 1) * cols * per_weight
