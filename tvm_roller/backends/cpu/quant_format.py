@@ -107,5 +107,11 @@ def pack(fmt: QuantFormat, codes: np.ndarray, scales: np.ndarray) -> Tuple[np.nd
 
 
 def quantize_packed(fmt: QuantFormat, w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``pack(fmt, *quantize(fmt, w))``."""
-    return pack(fmt, *quantize(fmt, w))
+    """``pack(fmt, *quantize(fmt, w))`` of a ``[n, k]`` weight; a stack ``[..., n, k]`` (a
+    mixture's experts) packed matrix by matrix, the results stacked along the same axes."""
+    if w.ndim == 2:
+        return pack(fmt, *quantize(fmt, w))
+    each = [quantize_packed(fmt, m) for m in w.reshape(-1, *w.shape[-2:])]
+    lead = w.shape[:-2]
+    return tuple(np.stack([e[i] for e in each]).reshape(*lead, *each[0][i].shape)
+                 for i in range(2))

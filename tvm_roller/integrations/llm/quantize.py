@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-import numpy as np
 import tvm
 
 from tvm_roller.backends.cpu.quant_format import QuantFormat, quantize_packed
@@ -47,14 +46,5 @@ def quantize_lm(mods: Dict[str, tvm.IRModule], names: Sequence[str], tensors: Se
         if d.reason is not None:
             packed.append(t)
             continue
-        packed += list(_packed(fmt, t.detach().float().numpy()))
+        packed += list(quantize_packed(fmt, t.detach().float().numpy()))
     return out, tuple(packed)
-
-
-def _packed(fmt: QuantFormat, w) -> tuple:
-    """``(words, scales)`` of a ``[n, k]`` weight, or of ``[experts, n, k]`` stacked experts
-    (each packed alone, stacked along a leading axis)."""
-    if w.ndim == 2:
-        return quantize_packed(fmt, w)
-    each = [quantize_packed(fmt, e) for e in w]
-    return np.stack([p[0] for p in each]), np.stack([p[1] for p in each])
