@@ -7,7 +7,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tvm_roller.llm as llm  # noqa: E402
+from conftest import device_for  # noqa: E402
 from tvm_roller.core.errors import UnsupportedError  # noqa: E402
+from tvm_roller.hardware import host_target  # noqa: E402
 
 MAX_SEQ = 48
 
@@ -110,7 +112,7 @@ def test_cache_is_written_in_place_and_decode_moves_no_context_copy(llama_lm):
     kinds = {e["kind"] for e in lm.report if e["name"].startswith("decode_kv")}
     assert kinds == {"kv-write", "kv-attention"}
 
-    mod = export_lm(model, MAX_SEQ).mod
+    mod = export_lm(model, MAX_SEQ, device_for(host_target())).mod
     symbolic = set()
     for block in mod["decode"].body.blocks:
         for binding in block.bindings:
@@ -242,11 +244,12 @@ def test_cache_ops_eager_match_the_kernels():
 
     from tvm_roller.backends.cpu.kv_cache import (CacheLayout, attention_kernel,
                                                   padded_length, write_kernel)
+    from tvm_roller.backends.cpu.kv_plan import plan_tiles
     from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
-    from tvm_roller.hardware import host_target
     from tvm_roller.integrations.llm import cache_ops
 
-    lay = CacheLayout(2, 2, 16, padded_length(70), 6)
+    tiles = plan_tiles(device_for(host_target()), 16, 70, 3)
+    lay = CacheLayout(2, 2, 16, padded_length(70, tiles.block), 6, tiles.block)
     keys = torch.zeros(lay.key_shape)
     values = torch.zeros(lay.value_shape)
     new = torch.randn(1, 2, 67, 16, generator=torch.Generator().manual_seed(4))
@@ -267,11 +270,11 @@ def test_cache_ops_eager_match_the_kernels():
     q = torch.randn(1, 6, 1, 16, generator=torch.Generator().manual_seed(5))
     want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
     got = tvm.runtime.tensor(np.zeros((1, 1, 6, 16), "float32"))
-    build(attention_kernel(lay, 1, 0.25))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    build(attention_kernel(lay, 1, 0.25, tiles))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
     # a prompt's 5 last positions, causal
     q = torch.randn(1, 6, 5, 16, generator=torch.Generator().manual_seed(6))
     want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
     got = tvm.runtime.tensor(np.zeros((1, 5, 6, 16), "float32"))
-    build(prompt_attention_kernel(lay, 1, 0.25))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    build(prompt_attention_kernel(lay, 1, 0.25, tiles))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

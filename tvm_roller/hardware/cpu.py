@@ -250,6 +250,26 @@ def detect_isa(tgt: Target) -> Tuple[str, Set[str]]:
     return _isa_from_table(mcpu, target_mattr(spec), arch_of(triple)), set()
 
 
+#: LLVM feature names of instructions code generation may emit on its own (tuning flags such
+#: as ``false-deps-*`` or ``fast-*`` are not instructions)
+_INSTRUCTION_FEATURES = re.compile(r"^(avx|amx|sse|ssse|fma|f16c|bmi|gfni|vaes|vpclmulqdq|popcnt|"
+                                   r"lzcnt|movbe|adx|sha|aes|pclmul|dotprod|i8mm|sve|bf16|"
+                                   r"fullfp16|fp16|neon|crypto)")
+
+
+def host_runs(target: Target) -> bool:
+    """Whether code built for ``target`` runs on this machine: the same architecture and no
+    instruction feature the host lacks (when LLVM cannot list them: the host's own mcpu)."""
+    spec = plain(target.export())
+    if arch_of(str(spec.get("mtriple") or host_triple())) != arch_of(host_triple()):
+        return False
+    _, wanted = detect_isa(target)
+    _, have = detect_isa(Target({"kind": "llvm", "mcpu": host_cpu()}))
+    if not wanted or not have:
+        return spec.get("mcpu") in (None, "", host_cpu())
+    return not {f for f in wanted - have if _INSTRUCTION_FEATURES.match(f)}
+
+
 def target_mattr(spec: Dict[str, Any]) -> List[str]:
     """The mattr list of an exported target spec (a dict), [] when absent."""
     return [str(a) for a in spec.get("mattr") or []]

@@ -51,8 +51,13 @@ def bound(fa: FuncAnalysis, dev: DeviceModel) -> Optional[Bound]:
     nbytes = param_bytes(fa.func)
     if nbytes is None:
         return None
-    flops = reduction_flops(fa)
-    compute_s = flops / (dev.peak_gflops.get(fa.dtype, dev.peak_gflops["float32"]) * 1e9)
+    return counted_bound(reduction_flops(fa), nbytes, dev, fa.dtype)
+
+
+def counted_bound(flops: float, nbytes: int, dev: DeviceModel, dtype: str = "float32") -> Bound:
+    """The bound of ``flops`` (at the peak for ``dtype``) and ``nbytes`` (from the smallest
+    level holding them): for kernels whose work is counted by who builds them."""
+    compute_s = flops / (dev.peak_gflops.get(dtype, dev.peak_gflops["float32"]) * 1e9)
     memory = _memory_bound(nbytes, dev)
     if compute_s >= memory.seconds:
         return Bound(compute_s, "compute", flops, nbytes)

@@ -149,8 +149,8 @@ def test_kv_cache_kernels_are_float32_only():
     from tvm_roller.backends.cpu.kv_cache import CacheLayout
 
     with pytest.raises(UnsupportedError, match="float32"):
-        CacheLayout(2, 2, 64, 128, 4, F64)
-    assert CacheLayout(2, 2, 64, 128, 4).dtype == "float32"
+        CacheLayout(2, 2, 64, 128, 4, 64, F64)
+    assert CacheLayout(2, 2, 64, 128, 4, 64).dtype == "float32"
 
 
 @pytest.mark.parametrize("op", ["exp", "tanh", "sigmoid", "erf"])

@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_roller.backends.cpu.kv_cache import CacheLayout, padded_length
+from test_kv_cache import TARGETS, _build, planned
 from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
-from tvm_roller.hardware import host_target
-
-
-def _build(func):
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    return tvm.compile(mod, target=host_target()).mod["main"]
 
 
 def _tensor(a):
@@ -22,11 +16,11 @@ def _tensor(a):
 
 
 def _blocked(keys, lay):
-    """keys [kv, positions, head_dim] in the cache's layout [kv, blocks, head_dim, BLOCK]."""
+    """keys [kv, positions, head_dim] in the cache's layout [kv, blocks, head_dim, block]."""
     kv, length, hd = keys.shape[0], lay.length, keys.shape[2]
     full = np.zeros((kv, length, hd), "float32")
     full[:, :keys.shape[1]] = keys
-    return full.reshape(kv, length // 64, 64, hd).transpose(0, 1, 3, 2)
+    return full.reshape(kv, length // lay.block, lay.block, hd).transpose(0, 1, 3, 2)
 
 
 def _reference(q, keys, values, n, scale, group):
@@ -40,11 +34,12 @@ def _reference(q, keys, values, n, scale, group):
     return np.einsum("hmj,hjd->mhd", p / p.sum(2, keepdims=True), v)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (7, 1, 72), (3, 3, 64)])
 @pytest.mark.parametrize("n,m", [(1, 1), (13, 13), (131, 131), (70, 5), (200, 67)])
-def test_prompt_attention_matches_float64(heads, kv_heads, head_dim, n, m):
+def test_prompt_attention_matches_float64(target, heads, kv_heads, head_dim, n, m):
     layers, layer = 2, 1
-    lay = CacheLayout(layers, kv_heads, head_dim, padded_length(211), heads)
+    lay, tiles = planned(target, layers, kv_heads, head_dim, 211, heads)
     rng = np.random.default_rng(n * 7 + m)
     keys = rng.standard_normal((kv_heads, n, head_dim)).astype("float32")
     values = rng.standard_normal((kv_heads, n, head_dim)).astype("float32")
@@ -55,7 +50,7 @@ def test_prompt_attention_matches_float64(heads, kv_heads, head_dim, n, m):
     q = (rng.standard_normal((1, heads, m, head_dim)) * 2).astype("float32")
     scale = 1.0 / np.sqrt(head_dim)
     out = _tensor(np.full((1, m, heads, head_dim), np.nan, "float32"))
-    _build(prompt_attention_kernel(lay, layer, scale))(
+    _build(prompt_attention_kernel(lay, layer, scale, tiles), target)(
         _tensor(q), _tensor(kc), _tensor(vc), _tensor(np.zeros(n, "int64")), out)
     ref = _reference(q, keys, values, n, scale, heads // kv_heads)
     np.testing.assert_allclose(out.numpy()[0], ref, rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@ query position's attention over the cache, split along the context.
 
 The cache is two buffers of ``max_len`` positions per layer, allocated once:
 
-* keys ``[layers, kv_heads, max_len / BLOCK, head_dim, BLOCK]`` (positions innermost: a
+* keys ``[layers, kv_heads, max_len / block, head_dim, block]`` (positions innermost: a
   query's scores over a block of positions are one vector multiply-add per head-dim element,
   no horizontal sums; each block of positions contiguous, so a task streams it from memory);
 * values ``[layers, kv_heads, max_len, head_dim]`` (a probability times a value row, along the
@@ -11,11 +11,12 @@ The cache is two buffers of ``max_len`` positions per layer, allocated once:
 
 The live length ``n`` is the extent of a marker buffer (``[n]``): positions ``[n - m, n)`` are
 written by the ``m`` new ones, and a decode step's query attends to ``[0, n)``. The attention
-runs in two phases: each (kv head, block of ``BLOCK`` positions) in parallel gives its queries'
-running max, sum of exponentials and weighted values; a merge rescales them (the
-flash-decoding split), so a single query still uses every core. Positions past ``n`` inside the
-last block are masked; ``max_len`` is a multiple of ``BLOCK`` (:func:`padded_length`) so they
-are in bounds (the buffers start zeroed: what they hold is finite).
+runs in two phases: each (kv head, block of positions) in parallel gives its queries' running
+max, sum of exponentials and weighted values; a merge rescales them (the flash-decoding split),
+so a single query still uses every core. Positions past ``n`` inside the last block are masked;
+``max_len`` is a multiple of the block (:func:`padded_length`) so they are in bounds (the
+buffers start zeroed: what they hold is finite). The block and the register tiles are planned
+from the device model (``kv_plan``).
 """
 from __future__ import annotations
 
@@ -24,34 +25,37 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
+from tvm_roller.backends.cpu.kv_plan import KVTiles
 from tvm_roller.backends.vector_math import rewrite_vector_math
 from tvm_roller.core.errors import UnsupportedError
 
-BLOCK = 64  # positions per parallel task: 4 AVX-512 vectors of scores per query head
-LANES = 16  # float32 lanes of one AVX-512 register
 
-
-def padded_length(max_len: int) -> int:
+def padded_length(max_len: int, block: int) -> int:
     """The cache's position count: ``max_len`` rounded up to a whole number of blocks."""
-    return -(-max_len // BLOCK) * BLOCK
+    return -(-max_len // block) * block
 
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The cache's static dimensions (``length`` already padded) and the attention's heads."""
+    """The cache's static dimensions (``length`` already padded to whole ``block``s of
+    positions) and the attention's heads."""
 
     layers: int
     kv_heads: int
     head_dim: int
     length: int
     heads: int
+    block: int
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        # the kernels' constants, lane counts and exp cut-offs are float32's: another element
-        # type would mix float32 constants into its arithmetic
+        # the kernels' constants and exp cut-offs are float32's: another element type would
+        # mix float32 constants into its arithmetic
         if self.dtype != "float32":
             raise UnsupportedError(f"KV-cache kernels are float32 kernels, not {self.dtype}")
+        if self.block < 1 or self.length % self.block:
+            raise UnsupportedError(f"a cache of {self.length} positions is not whole blocks "
+                                   f"of {self.block}")
 
     @property
     def group(self) -> int:
@@ -59,7 +63,8 @@ class CacheLayout:
 
     @property
     def key_shape(self):
-        return (self.layers, self.kv_heads, self.length // BLOCK, self.head_dim, BLOCK)
+        return (self.layers, self.kv_heads, self.length // self.block, self.head_dim,
+                self.block)
 
     @property
     def value_shape(self):
@@ -76,7 +81,7 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
     ``[1, kv_heads, m, head_dim]``, the marker ``[n]``); keys are stored in blocks of
     positions. (Two parsed functions: the stores differ in indexing and in the vectorized loop,
     which TVMScript cannot take as a parameter.)"""
-    kvh, hd, dtype = layout.kv_heads, layout.head_dim, layout.dtype
+    kvh, hd, dtype, block = layout.kv_heads, layout.head_dim, layout.dtype, layout.block
     shape = layout.key_shape if keys else layout.value_shape
 
     if keys:
@@ -87,8 +92,8 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
             T.match_buffer(marker_var, (n,), "int64")
             for hj in T.parallel(kvh * m):
                 for d in T.serial(hd):
-                    cache[layer, hj // m, (n - m + hj % m) // BLOCK, d,
-                          (n - m + hj % m) % BLOCK] = new[0, hj // m, hj % m, d]
+                    cache[layer, hj // m, (n - m + hj % m) // block, d,
+                          (n - m + hj % m) % block] = new[0, hj // m, hj % m, d]
     else:
         @T.prim_func(private=True)
         def write(cache: T.Buffer(shape, dtype), new_var: T.handle, marker_var: T.handle):
@@ -102,34 +107,20 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
     return mark_scheduled(write)
 
 
-def vector_part(head_dim: int) -> int:
-    """The widest vector (at most ``LANES``) that divides a head row: a row is walked in
-    whole parts of this width (head dimensions 72 or 80 included)."""
-    return max(w for w in (16, 8, 4, 2, 1) if w <= LANES and head_dim % w == 0)
-
-
-def _row_part(head_dim: int, group: int) -> int:
-    """The widest slice of a head row (whole vectors dividing it) whose accumulators for a
-    group of queries fit a stack array (TVM's limit: under 1 KiB)."""
-    best = vector_part(head_dim)
-    for width in range(LANES, head_dim + 1, LANES):
-        if head_dim % width == 0 and group * width * 4 < 1024:
-            best = width
-    return best
-
-
-def attention_kernel(layout: CacheLayout, layer: int, scale: float) -> tirx.PrimFunc:
+def attention_kernel(layout: CacheLayout, layer: int, scale: float,
+                     tiles: KVTiles) -> tirx.PrimFunc:
     """One query position's attention over ``cache[layer]`` positions ``[0, n)``:
     ``q [1, heads, 1, head_dim]`` -> ``out [1, 1, heads, head_dim]`` (the layout HF's attention
     functions return), grouped-query heads sharing their kv head's reads.
 
-    Register tiles: the scores of a group's queries over one vector of positions (``LANES``)
-    accumulate over the head dimension in registers (the group unrolled), and the weighted
-    values over a part of a head row at a time (``_row_part``)."""
+    Register tiles: the scores of ``tiles.group_sub`` of a group's queries over one vector of
+    positions accumulate over the head dimension in registers (those queries unrolled), and
+    the weighted values over a part of a head row at a time (``KVTiles.row_part``)."""
     kvh, hd, grp, dtype = layout.kv_heads, layout.head_dim, layout.group, layout.dtype
-    blocks_max = layout.length // BLOCK
+    block, lanes, gs = layout.block, tiles.lanes, tiles.group_sub
+    blocks_max = layout.length // block
     heads = layout.heads
-    part = _row_part(hd, grp)
+    part = tiles.row_part(hd, gs)
     neg = -3.0e38
 
     @T.prim_func(private=True)
@@ -143,83 +134,81 @@ def attention_kernel(layout: CacheLayout, layer: int, scale: float) -> tirx.Prim
         part_out = T.alloc_buffer((kvh, blocks_max, grp, hd), dtype)
         # the scores: one slice per task of a buffer allocated once per call (a task's own
         # would be over the stack allocation limit: a heap allocation per task)
-        scores = T.alloc_buffer((kvh * blocks_max, grp, BLOCK), dtype)
-        for gb in T.parallel(kvh * ((n + BLOCK - 1) // BLOCK)):
-            # "global" scope under 1 KiB: a stack array LLVM keeps in registers (TVM serves
-            # a "local" one from the workspace pool: a heap pointer, stored every iteration)
-            reg = T.alloc_buffer((grp, LANES), dtype)
-            acc = T.alloc_buffer((grp, part), dtype)
-            lane = T.alloc_buffer((LANES,), dtype)
-            g = gb // ((n + BLOCK - 1) // BLOCK)
-            b = gb % ((n + BLOCK - 1) // BLOCK)
-            base = b * BLOCK
-            for sb in T.serial(BLOCK // LANES):
-                for i in T.unroll(grp):
-                    for j in T.vectorized(LANES):
-                        reg[i, j] = T.float32(0)
-                for d in T.serial(hd):
-                    for i in T.unroll(grp):
-                        for j in T.vectorized(LANES):
-                            reg[i, j] = reg[i, j] + q[0, g * grp + i, 0, d] \
-                                * kc[layer, g, b, d, sb * LANES + j]
-                for i in T.unroll(grp):
-                    for j in T.vectorized(LANES):
-                        # (a Select vectorizes; TVM scalarizes an if_then_else)
-                        scores[gb, i, sb * LANES + j] = T.Select(
-                            base + sb * LANES + j < n, reg[i, j] * T.float32(scale),
-                            T.float32(neg))
+        scores = T.alloc_buffer((kvh * blocks_max, grp, block), dtype)
+        for gb in T.parallel(kvh * ((n + block - 1) // block)):
+            # "global" scope under the stack limit: a stack array LLVM keeps in registers
+            # (TVM serves a "local" one from the workspace pool: a heap pointer, stored every
+            # iteration)
+            reg = T.alloc_buffer((gs, lanes), dtype)
+            acc = T.alloc_buffer((gs, part), dtype)
+            lane = T.alloc_buffer((lanes,), dtype)
+            g = gb // ((n + block - 1) // block)
+            b = gb % ((n + block - 1) // block)
+            base = b * block
+            for gi in T.serial(grp // gs):
+                for sb in T.serial(block // lanes):
+                    for i in T.unroll(gs):
+                        for j in T.vectorized(lanes):
+                            reg[i, j] = T.float32(0)
+                    for d in T.serial(hd):
+                        for i in T.unroll(gs):
+                            for j in T.vectorized(lanes):
+                                reg[i, j] = reg[i, j] + q[0, g * grp + gi * gs + i, 0, d] \
+                                    * kc[layer, g, b, d, sb * lanes + j]
+                    for i in T.unroll(gs):
+                        for j in T.vectorized(lanes):
+                            # (a Select vectorizes; TVM scalarizes an if_then_else)
+                            scores[gb, gi * gs + i, sb * lanes + j] = T.Select(
+                                base + sb * lanes + j < n, reg[i, j] * T.float32(scale),
+                                T.float32(neg))
             for i in T.serial(grp):
-                for j in T.vectorized(LANES):
+                for j in T.vectorized(lanes):
                     lane[j] = scores[gb, i, j]
-                for c in T.serial(1, BLOCK // LANES):
-                    for j in T.vectorized(LANES):
-                        lane[j] = T.max(lane[j], scores[gb, i, c * LANES + j])
+                for c in T.serial(1, block // lanes):
+                    for j in T.vectorized(lanes):
+                        lane[j] = T.max(lane[j], scores[gb, i, c * lanes + j])
                 part_max[g, b, i] = T.float32(neg)
-                for j in T.serial(LANES):
-                    part_max[g, b, i] = T.max(
-                        part_max[g, b, i], lane[j])
+                for j in T.serial(lanes):
+                    part_max[g, b, i] = T.max(part_max[g, b, i], lane[j])
                 # below e^-80 a weight is 0: exp's result (and the products with it) would be
                 # subnormal, each costing a microcode assist (masked positions are all there)
-                for j in T.vectorized(BLOCK):
+                for j in T.vectorized(block):
                     scores[gb, i, j] = T.Select(
-                        scores[gb, i, j] - part_max[g, b, i]
-                        > T.float32(-80.0),
-                        T.exp(scores[gb, i, j]
-                              - part_max[g, b, i]),
-                        T.float32(0))
-                for j in T.vectorized(LANES):
+                        scores[gb, i, j] - part_max[g, b, i] > T.float32(-80.0),
+                        T.exp(scores[gb, i, j] - part_max[g, b, i]), T.float32(0))
+                for j in T.vectorized(lanes):
                     lane[j] = scores[gb, i, j]
-                for c in T.serial(1, BLOCK // LANES):
-                    for j in T.vectorized(LANES):
-                        lane[j] = lane[j] + scores[gb, i, c * LANES + j]
+                for c in T.serial(1, block // lanes):
+                    for j in T.vectorized(lanes):
+                        lane[j] = lane[j] + scores[gb, i, c * lanes + j]
                 part_sum[g, b, i] = T.float32(0)
-                for j in T.serial(LANES):
-                    part_sum[g, b, i] = \
-                        part_sum[g, b, i] + lane[j]
-            for h in T.serial(hd // part):
-                for i in T.unroll(grp):
+                for j in T.serial(lanes):
+                    part_sum[g, b, i] = part_sum[g, b, i] + lane[j]
+            for gh in T.serial(grp // gs * (hd // part)):
+                for i in T.unroll(gs):
                     for d in T.vectorized(part):
                         acc[i, d] = T.float32(0)
-                for j in T.serial(BLOCK):
-                    for i in T.unroll(grp):
+                for j in T.serial(block):
+                    for i in T.unroll(gs):
                         for d in T.vectorized(part):
-                            acc[i, d] = acc[i, d] \
-                                + scores[gb, i, j] * vc[layer, g, base + j, h * part + d]
-                for i in T.unroll(grp):
+                            acc[i, d] = acc[i, d] + scores[gb, gh // (hd // part) * gs + i, j] \
+                                * vc[layer, g, base + j, gh % (hd // part) * part + d]
+                for i in T.unroll(gs):
                     for d in T.vectorized(part):
-                        part_out[g, b, i, h * part + d] = acc[i, d]
+                        part_out[g, b, gh // (hd // part) * gs + i,
+                                 gh % (hd // part) * part + d] = acc[i, d]
         # the merge is light (heads x blocks x head_dim): serial, no second parallel launch
         for gi in T.serial(kvh * grp):
             top = T.alloc_buffer((1,), dtype)
             total = T.alloc_buffer((1,), dtype)
             weight = T.alloc_buffer((1,), dtype)
             top[0] = T.float32(neg)
-            for b in T.serial((n + BLOCK - 1) // BLOCK):
+            for b in T.serial((n + block - 1) // block):
                 top[0] = T.max(top[0], part_max[gi // grp, b, gi % grp])
             total[0] = T.float32(0)
             for d in T.vectorized(hd):
                 out[0, 0, gi, d] = T.float32(0)
-            for b in T.serial((n + BLOCK - 1) // BLOCK):
+            for b in T.serial((n + block - 1) // block):
                 weight[0] = T.Select(part_max[gi // grp, b, gi % grp] - top[0] > T.float32(-80.0),
                                      T.exp(part_max[gi // grp, b, gi % grp] - top[0]),
                                      T.float32(0))

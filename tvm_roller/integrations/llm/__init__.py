@@ -62,7 +62,7 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     # the one Context (the target normalised once) of both the checks and the compile
     ctx = relax_context(HOST_TARGET if target is None else target, device, cache=cache)
     fmt = None if weights == "fp32" else check_target(ctx.target, weights)
-    lm = export_lm(model, max_seq_len, fmt)
+    lm = export_lm(model, max_seq_len, ctx.device, fmt)
     report: list = list(lm.kernels)
     one_row_bounds(report, lm.mod, ctx)
     ex = relax_compile(lm.mod, ctx, report, buckets=length_buckets(lm.mod, max_seq_len))

@@ -2,17 +2,24 @@
 (``R.call_tir_inplace``: the cache parameter itself is updated, only the new positions move)
 and the attention over the cache, each a roller CPU kernel (``backends.cpu.kv_cache``).
 
-The kernels' static dimensions come from the operands' shapes; each generated kernel is
-recorded as a report entry (the planner leaves pre-scheduled functions alone)."""
+The kernels' static dimensions come from the operands' shapes, their tiles from the device
+model (``backends.cpu.kv_plan``); each generated kernel is recorded as a report entry with its
+tiles and its roofline bound at the cache's full length (the planner leaves pre-scheduled
+functions alone)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from tvm import relax, tirx
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, attention_kernel, write_kernel
+from tvm_roller.backends.cpu.kv_plan import KVTiles, plan_tiles
 from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
+from tvm_roller.backends.cpu.kv_work import attention_work, write_work
+from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware.model import DeviceModel
 from tvm_roller.planner import FuncReport
+from tvm_roller.planner.roofline import counted_bound
 
 
 def _dims(expr) -> List[int]:
@@ -21,24 +28,40 @@ def _dims(expr) -> List[int]:
 
 def _layout(keys, heads: int) -> CacheLayout:
     layers, kv_heads, blocks, head_dim, block = _dims(keys)
-    return CacheLayout(layers, kv_heads, head_dim, blocks * block, heads)
+    return CacheLayout(layers, kv_heads, head_dim, blocks * block, heads, block)
 
 
-def converters(report: list, prefix: str) -> Dict[str, Callable]:
-    """``from_exported_program``'s ``custom_convert_map`` for the two ops; the kernels they add
-    are named ``<prefix>_kv_...`` and ``report`` gets one entry for each."""
+def _tiles(layout: CacheLayout, dev: DeviceModel) -> KVTiles:
+    tiles = plan_tiles(dev, layout.head_dim, layout.length, layout.group)
+    if tiles.block != layout.block:
+        raise UnsupportedError(f"the cache is in blocks of {layout.block} positions; the "
+                               f"kernels are planned for {tiles.block} on {dev.name}")
+    return tiles
 
-    def add(importer, func, name: str, kind: str):
+
+def converters(report: list, prefix: str, dev: DeviceModel) -> Dict[str, Callable]:
+    """``from_exported_program``'s ``custom_convert_map`` for the two ops, their kernels
+    planned for ``dev``; the kernels they add are named ``<prefix>_kv_...`` and ``report`` gets
+    one entry for each."""
+
+    def add(importer, func, name: str, kind: str, work: Tuple[float, int], context: str,
+            tiles: dict):
         name = f"{prefix}_{name}"
-        report.append(FuncReport(name, "roller", kind=kind).to_dict())
+        b = counted_bound(*work, dev)
+        report.append(FuncReport(name, "roller", kind=kind, rtile=tiles, bound_s=b.seconds,
+                                 bound_by=f"{b.by} ({context})").to_dict())
         return importer.block_builder.add_func(func, name)
 
     def write(node, importer):
         cache, new, marker = (importer.env[a] for a in node.args[:3])
         layer, keys = int(node.args[3]), bool(node.args[4])
         layout = _layout(cache, 0) if keys else _value_layout(cache)
+        m = new.ty.shape[2]
+        # a prompt's positions: bounded at the whole cache
+        m = int(m) if isinstance(m, tirx.IntImm) else layout.length
         func = write_kernel(layout, layer, keys)
-        gv = add(importer, func, f"kv_write_{'keys' if keys else 'values'}_{layer}", "kv-write")
+        gv = add(importer, func, f"kv_write_{'keys' if keys else 'values'}_{layer}", "kv-write",
+                 write_work(layout, m), f"{m} positions", {"block": layout.block})
         return importer.block_builder.emit(relax.call_tir_inplace(
             gv, [cache, new, marker], [0], cache.ty))
 
@@ -47,11 +70,15 @@ def converters(report: list, prefix: str) -> Dict[str, Callable]:
         layer, scale = int(node.args[4]), float(node.args[5])
         _, heads, m, head_dim = q.ty.shape
         layout = _layout(keys, int(heads))
+        tiles = _tiles(layout, dev)
         # one query (a decode step): split along the context; a prompt's: tiles of queries
         one = isinstance(m, tirx.IntImm) and int(m) == 1
-        func = attention_kernel(layout, layer, scale) if one \
-            else prompt_attention_kernel(layout, layer, scale)
-        gv = add(importer, func, f"kv_attention_{layer}", "kv-attention")
+        func = attention_kernel(layout, layer, scale, tiles) if one \
+            else prompt_attention_kernel(layout, layer, scale, tiles)
+        queries = 1 if one else layout.length
+        gv = add(importer, func, f"kv_attention_{layer}", "kv-attention",
+                 attention_work(layout, queries, layout.length),
+                 f"{queries} queries over {layout.length} positions", tiles.to_dict())
         out = relax.TensorType((1, m, heads, head_dim), q.ty.dtype)
         return importer.block_builder.emit(relax.call_tir(gv, [q, keys, values, marker], out))
 
@@ -60,4 +87,5 @@ def converters(report: list, prefix: str) -> Dict[str, Callable]:
 
 def _value_layout(values) -> CacheLayout:
     layers, kv_heads, length, head_dim = _dims(values)
-    return CacheLayout(layers, kv_heads, head_dim, length, 0)
+    # values are stored by position: their one block is the whole cache
+    return CacheLayout(layers, kv_heads, head_dim, length, 0, length)

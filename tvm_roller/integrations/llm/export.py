@@ -26,8 +26,10 @@ import tvm
 from tvm import relax
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, padded_length
+from tvm_roller.backends.cpu.kv_plan import plan_tiles
 from tvm_roller.backends.cpu.quant_format import QuantFormat
 from tvm_roller.core.errors import UnsupportedError
+from tvm_roller.hardware.model import DeviceModel
 from tvm_roller.integrations.llm.quantize import quantize_lm
 
 # the families the tests generate with against HF (others are tried, and declined with the
@@ -49,8 +51,9 @@ class ExportedLM:
     kernels: Tuple[dict, ...]
 
 
-def cache_layout(model, max_seq_len: int) -> CacheLayout:
-    """The cache's dimensions from the model's config (declines what the cache cannot hold)."""
+def cache_layout(model, max_seq_len: int, dev: DeviceModel) -> CacheLayout:
+    """The cache's dimensions from the model's config (declines what the cache cannot hold),
+    in blocks of positions planned for ``dev`` (``kv_plan``)."""
     cfg = model.config
     layers = _first(cfg, "num_hidden_layers", "n_layer")
     heads = _first(cfg, "num_attention_heads", "n_head")
@@ -59,8 +62,9 @@ def cache_layout(model, max_seq_len: int) -> CacheLayout:
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     if heads % kv:
         raise UnsupportedError(f"{cfg.model_type}: {heads} query heads over {kv} kv heads")
-    return CacheLayout(int(layers), int(kv), int(head_dim), padded_length(max_seq_len),
-                       int(heads))
+    block = plan_tiles(dev, int(head_dim), max_seq_len, int(heads) // int(kv)).block
+    return CacheLayout(int(layers), int(kv), int(head_dim), padded_length(max_seq_len, block),
+                       int(heads), block)
 
 
 def _is_causal_lm(model) -> bool:
@@ -78,23 +82,25 @@ def _first(cfg, *names):
     raise UnsupportedError(f"{cfg.model_type}: the config has none of {', '.join(names)}")
 
 
-def export_lm(model, max_seq_len: int, fmt: Optional[QuantFormat] = None) -> ExportedLM:
-    """``prefill`` and ``decode`` of ``model`` (a ``*ForCausalLM`` in eval mode) as one module;
-    with ``fmt``, its linear weights quantized (``integrations.llm.quantize``)."""
+def export_lm(model, max_seq_len: int, dev: DeviceModel,
+              fmt: Optional[QuantFormat] = None) -> ExportedLM:
+    """``prefill`` and ``decode`` of ``model`` (a ``*ForCausalLM`` in eval mode) as one module,
+    its cache kernels planned for ``dev``; with ``fmt``, its linear weights quantized
+    (``integrations.llm.quantize``)."""
     if not _is_causal_lm(model):
         raise UnsupportedError(f"expected a transformers causal LM (*ForCausalLM, "
                                f"GPT2LMHeadModel), got {type(model).__name__}")
     from tvm_roller.integrations.llm.cache_convert import converters
 
-    layout = cache_layout(model, max_seq_len)
+    layout = cache_layout(model, max_seq_len, dev)
     prefill_ep, decode_ep = _export(model.eval(), layout, max_seq_len)
     names = [_param_names(ep) for ep in (prefill_ep, decode_ep)]
     if names[0] != names[1]:
         raise UnsupportedError("prefill and decode take different weights")
     kernels: list = []
     prefill_mod, decode_mod = tvm.IRModule(), tvm.IRModule()
-    _import(prefill_ep, "prefill", converters(kernels, "prefill"), prefill_mod)
-    _import(decode_ep, "decode", converters(kernels, "decode"), decode_mod)
+    _import(prefill_ep, "prefill", converters(kernels, "prefill", dev), prefill_mod)
+    _import(decode_ep, "decode", converters(kernels, "decode", dev), decode_mod)
     weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
     if fmt is not None:
         mods, weights = quantize_lm({"prefill": prefill_mod, "decode": decode_mod}, names[0],

@@ -20,7 +20,7 @@ from tvm_roller.backends.cpu.microkernel.route import Operands, Route, Shape
 from tvm_roller.cache.files import atomic_write
 from tvm_roller.core.ffi import plain
 from tvm_roller.hardware import calibration_store
-from tvm_roller.hardware.cpu import arch_of, from_target, host_cpu, host_triple, target_mattr
+from tvm_roller.hardware.cpu import from_target, host_cpu, host_runs, target_mattr
 from tvm_roller.hardware.model import DeviceModel
 
 _KC = 128  # reduction elements per call (or 4 of an A panel's rows): panels stay in L1
@@ -90,7 +90,7 @@ def with_route_rates(target: tvm.target.Target, dev: DeviceModel, measure: bool,
                      again: bool = False) -> DeviceModel:
     """``dev`` with its routes' measured rates: cached beside the target's calibration,
     measured here (and cached) when ``measure``, nothing is cached (or ``again``) and this host
-    runs the target's architecture; otherwise the presets."""
+    runs the target's code (``host_runs``); otherwise the presets."""
     spec = plain(target.export())
     key = calibration_store.calibration_key(host_cpu(), str(spec.get("mcpu") or "generic"),
                                             dev.num_units, target_mattr(spec))
@@ -103,8 +103,8 @@ def with_route_rates(target: tvm.target.Target, dev: DeviceModel, measure: bool,
                 rates = {str(k): float(v) for k, v in payload["route_gops"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             rates = None  # unreadable: measured again (or presets)
-    same_arch = arch_of(str(spec.get("mtriple") or host_triple())) == arch_of(host_triple())
-    if rates is None and measure and same_arch:
+    # (a target with instructions this host lacks would die of an illegal instruction)
+    if rates is None and measure and host_runs(target):
         host = from_target(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()}),
                            use_cache=False)
         rates = measure_routes(target, dev, host)
