@@ -65,7 +65,9 @@ def test_llama_one_compile_serves_every_length():
     MLP, causal mask), lengths 1..512 from one compile."""
     model, ids = hf_models.llama("small", 32)
     vm, report = _compile(model, ids, 512, cache=False)
-    bucketed = _check_report(report, at_least=40)
+    # (the attention is one flash-attention kernel for every length, not bucketed)
+    assert any(e["kind"] == "flash-attention" for e in report)
+    bucketed = _check_report(report, at_least=35)
     matmuls = [e for e in bucketed if e["name"].startswith("matmul")]
     assert matmuls and all(len(e["buckets"]) > 1 for e in matmuls)
     _check_lengths(vm, model, 1000, (1, 7, 32, 128))

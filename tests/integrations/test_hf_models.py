@@ -129,3 +129,24 @@ def test_failing_multi_operator_function_is_built_as_its_operators(monkeypatch):
     out = tvm.runtime.empty((3, 37, 24), "float32", tvm.cpu())
     lib["main"](*[tvm.runtime.tensor(v) for v in (a, b, d)], out)
     assert rel_err(out.numpy(), chain_reference(a, b, d, "softmax")) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "whisper_encoder"])
+def test_attention_runs_as_flash_kernels(name):
+    """Each layer's attention (under a padding mask, a causal mask, none) is a flash-attention
+    kernel with its tiles and roofline bound, and the model still matches PyTorch."""
+    model, x = hf_models.MODELS[name]("small")
+    report, chains = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
+        ex = rr.compile(import_torch(model, x), TARGET, report, device(), cache=False,
+                        chains=chains)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    with torch.no_grad():
+        ref = model.double()(x.double() if x.is_floating_point() else x).numpy()
+    model.float()
+    assert rel_err(out.numpy() if hasattr(out, "numpy") else out[0].numpy(), ref) <= 1e-4
+    flash = [c for c in chains if c["reason"] == "flash attention kernel"]
+    assert len(flash) == 2, chains  # the 2 layers'
+    kernels = [e for e in report if e["kind"] == "flash-attention"]
+    assert kernels and all(e["bound_s"] > 0 and e["rtile"]["lanes"] == 16 for e in kernels)

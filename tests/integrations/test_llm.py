@@ -244,7 +244,7 @@ def test_cache_ops_eager_match_the_kernels():
 
     from tvm_roller.backends.cpu.kv_cache import (CacheLayout, attention_kernel,
                                                   padded_length, write_kernel)
-    from tvm_roller.backends.cpu.kv_plan import plan_tiles
+    from tvm_roller.backends.cpu.attention_plan import plan_tiles
     from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
     from tvm_roller.integrations.llm import cache_ops
 

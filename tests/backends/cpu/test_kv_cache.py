@@ -12,7 +12,7 @@ import tvm
 from conftest import device_for
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, attention_kernel, padded_length, \
     write_kernel
-from tvm_roller.backends.cpu.kv_plan import plan_tiles
+from tvm_roller.backends.cpu.attention_plan import plan_tiles
 from tvm_roller.hardware import host_target
 
 HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}

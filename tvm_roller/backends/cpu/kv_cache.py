@@ -16,7 +16,7 @@ max, sum of exponentials and weighted values; a merge rescales them (the flash-d
 so a single query still uses every core. Positions past ``n`` inside the last block are masked;
 ``max_len`` is a multiple of the block (:func:`padded_length`) so they are in bounds (the
 buffers start zeroed: what they hold is finite). The block and the register tiles are planned
-from the device model (``kv_plan``).
+from the device model (``attention_plan``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from tvm_roller.backends.cpu.kv_plan import KVTiles
+from tvm_roller.backends.cpu.attention_plan import AttentionTiles
 from tvm_roller.backends.vector_math import rewrite_vector_math
 from tvm_roller.core.errors import UnsupportedError
 
@@ -108,14 +108,14 @@ def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
 
 
 def attention_kernel(layout: CacheLayout, layer: int, scale: float,
-                     tiles: KVTiles) -> tirx.PrimFunc:
+                     tiles: AttentionTiles) -> tirx.PrimFunc:
     """One query position's attention over ``cache[layer]`` positions ``[0, n)``:
     ``q [1, heads, 1, head_dim]`` -> ``out [1, 1, heads, head_dim]`` (the layout HF's attention
     functions return), grouped-query heads sharing their kv head's reads.
 
     Register tiles: the scores of ``tiles.group_sub`` of a group's queries over one vector of
     positions accumulate over the head dimension in registers (those queries unrolled), and
-    the weighted values over a part of a head row at a time (``KVTiles.row_part``)."""
+    the weighted values over a part of a head row at a time (``AttentionTiles.row_part``)."""
     kvh, hd, grp, dtype = layout.kv_heads, layout.head_dim, layout.group, layout.dtype
     block, lanes, gs = layout.block, tiles.lanes, tiles.group_sub
     blocks_max = layout.length // block

@@ -9,7 +9,7 @@ tiles: the scores of ``sub`` queries over ``wide`` positions accumulate over the
 (a key vector loaded once per ``sub`` multiply-adds, the query elements broadcast), and the
 weighted values over ``wide`` elements of a head row. The tile's last rows past ``m`` repeat row
 ``m - 1`` (in bounds) and are not stored. Every size is planned from the device model
-(``kv_plan``).
+(``attention_plan``).
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, mark_scheduled
-from tvm_roller.backends.cpu.kv_plan import KVTiles, vector_part
+from tvm_roller.backends.cpu.attention_plan import AttentionTiles, vector_part
 from tvm_roller.backends.vector_math import rewrite_vector_math
 
 
 def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float,
-                            tiles: KVTiles) -> tirx.PrimFunc:
+                            tiles: AttentionTiles) -> tirx.PrimFunc:
     """``q [1, heads, m, head_dim]`` (positions ``[n - m, n)``, ``n`` the marker's length) over
     ``cache[layer]`` positions ``[0, n)``, causal -> ``out [1, m, heads, head_dim]`` (the
     layout HF's attention functions return)."""

@@ -3,7 +3,7 @@
 and the attention over the cache, each a roller CPU kernel (``backends.cpu.kv_cache``).
 
 The kernels' static dimensions come from the operands' shapes, their tiles from the device
-model (``backends.cpu.kv_plan``); each generated kernel is recorded as a report entry with its
+model (``backends.cpu.attention_plan``); each generated kernel is recorded as a report entry with its
 tiles and its roofline bound at the cache's full length (the planner leaves pre-scheduled
 functions alone)."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Callable, Dict, List, Tuple
 from tvm import relax, tirx
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, attention_kernel, write_kernel
-from tvm_roller.backends.cpu.kv_plan import KVTiles, plan_tiles
+from tvm_roller.backends.cpu.attention_plan import AttentionTiles, plan_tiles
 from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
-from tvm_roller.backends.cpu.kv_work import attention_work, write_work
+from tvm_roller.backends.cpu.attention_work import attention_work, write_work
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.model import DeviceModel
 from tvm_roller.planner import FuncReport
@@ -31,7 +31,7 @@ def _layout(keys, heads: int) -> CacheLayout:
     return CacheLayout(layers, kv_heads, head_dim, blocks * block, heads, block)
 
 
-def _tiles(layout: CacheLayout, dev: DeviceModel) -> KVTiles:
+def _tiles(layout: CacheLayout, dev: DeviceModel) -> AttentionTiles:
     tiles = plan_tiles(dev, layout.head_dim, layout.length, layout.group)
     if tiles.block != layout.block:
         raise UnsupportedError(f"the cache is in blocks of {layout.block} positions; the "
@@ -61,7 +61,8 @@ def converters(report: list, prefix: str, dev: DeviceModel) -> Dict[str, Callabl
         m = int(m) if isinstance(m, tirx.IntImm) else layout.length
         func = write_kernel(layout, layer, keys)
         gv = add(importer, func, f"kv_write_{'keys' if keys else 'values'}_{layer}", "kv-write",
-                 write_work(layout, m), f"{m} positions", {"block": layout.block})
+                 write_work(layout.kv_heads, layout.head_dim, m), f"{m} positions",
+                 {"block": layout.block})
         return importer.block_builder.emit(relax.call_tir_inplace(
             gv, [cache, new, marker], [0], cache.ty))
 
@@ -77,7 +78,8 @@ def converters(report: list, prefix: str, dev: DeviceModel) -> Dict[str, Callabl
             else prompt_attention_kernel(layout, layer, scale, tiles)
         queries = 1 if one else layout.length
         gv = add(importer, func, f"kv_attention_{layer}", "kv-attention",
-                 attention_work(layout, queries, layout.length),
+                 attention_work(layout.heads, layout.kv_heads, layout.head_dim, queries,
+                                layout.length, causal=True),
                  f"{queries} queries over {layout.length} positions", tiles.to_dict())
         out = relax.TensorType((1, m, heads, head_dim), q.ty.dtype)
         return importer.block_builder.emit(relax.call_tir(gv, [q, keys, values, marker], out))

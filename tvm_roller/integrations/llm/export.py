@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout, padded_length
-from tvm_roller.backends.cpu.kv_plan import plan_tiles
+from tvm_roller.backends.cpu.attention_plan import plan_tiles
 from tvm_roller.backends.cpu.quant_format import QuantFormat
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.model import DeviceModel
@@ -53,7 +53,7 @@ class ExportedLM:
 
 def cache_layout(model, max_seq_len: int, dev: DeviceModel) -> CacheLayout:
     """The cache's dimensions from the model's config (declines what the cache cannot hold),
-    in blocks of positions planned for ``dev`` (``kv_plan``)."""
+    in blocks of positions planned for ``dev`` (``attention_plan``)."""
     cfg = model.config
     layers = _first(cfg, "num_hidden_layers", "n_layer")
     heads = _first(cfg, "num_attention_heads", "n_head")

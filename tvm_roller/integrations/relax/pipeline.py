@@ -24,6 +24,7 @@ from tvm_roller.integrations.relax.passes import fast_math as fm
 from tvm_roller.integrations.relax.passes.accumulate_f32 import accumulate_f32_pass
 from tvm_roller.integrations.relax.passes.conv_gemm import conv_gemm_pass
 from tvm_roller.integrations.relax.passes.conv_layout import conv_layout_pass
+from tvm_roller.integrations.relax.passes.flash_attention import flash_attention_pass
 from tvm_roller.integrations.relax.passes.group_chains import group_chains_pass
 from tvm_roller.integrations.relax.passes.inference import inference_pass
 from tvm_roller.integrations.relax.passes.norms_in_dtype import norms_in_dtype_pass
@@ -39,7 +40,8 @@ from tvm_roller.planner import UNSET
 def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
                   device: Optional[DeviceModel] = None,
                   chains: Optional[list] = None,
-                  conv_layouts: Optional[dict] = None) -> tvm.transform.Pass:
+                  conv_layouts: Optional[dict] = None,
+                  report: Optional[list] = None) -> tvm.transform.Pass:
     """Legalize and fuse the way roller's pipeline does (elementwise epilogues join their producer).
 
     MetaSchedule tasks extracted from ``fusion_passes()(mod)`` are exactly the PrimFuncs the roller
@@ -47,16 +49,21 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
     ``fast_math`` swaps exp/tanh for TVM's polynomial versions (``FastMathTransform``) and erf /
     GELU for roller's rational erf (:mod:`passes.fast_math`): these vectorize, while LLVM's
     scalar libm calls otherwise bound softmax and GELU. Errors stay below 1e-6.
-    ``conv_layouts``: see :func:`conv_layout_pass` (``{}`` keeps the model's layouts)."""
+    ``conv_layouts``: see :func:`conv_layout_pass` (``{}`` keeps the model's layouts).
+    ``report`` gets an entry for each kernel built whole here (flash attention)."""
     fast = [relax.transform.FastMathTransform()] if fast_math else []
-    # matmul -> ... -> matmul chains become one PrimFunc each (Chimera; see tvm_roller.fusion)
+    # attentions become flash-attention kernels on a CPU (while their softmax is still one:
+    # before the fast math makes it a kernel); the other matmul -> ... -> matmul chains one
+    # PrimFunc each (Chimera; see tvm_roller.fusion)
+    flash = [relax.transform.FoldConstant(), flash_attention_pass(device, report, chains)] \
+        if gemm_chains else []
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
     return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
                                      sink_reshape_pass(),
                                      conv_layout_pass(conv_layouts), conv_gemm_pass(),
                                      accumulate_f32_pass(), norms_in_dtype_pass()]
-                                    + fast + group + [
+                                    + flash + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
         bound_shapes_pass(),
         relax.transform.AnnotateTIROpPattern(),
@@ -99,7 +106,7 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                 [bound_shapes_pass(), workarounds_pass(), shape_reads_pass()]
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(ctx.fast_math, ctx.fuse_chains, ctx.device,
-                                 chains, ctx.conv_layouts),
+                                 chains, ctx.conv_layouts, report),
                    mark_constant_operands(), roller, fold_packing(report)]
                 + ctx.backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)

@@ -1,5 +1,6 @@
-"""The tiles of the key/value-cache kernels (``kv_cache``, ``kv_prompt_attention``), planned from
-the device model: nothing in those kernels is a hand-set ISA constant.
+"""The tiles of the attention kernels (over the key/value cache: ``kv_cache``,
+``kv_prompt_attention``; over whole tensors: ``flash_attention``), planned from the device model:
+nothing in those kernels is a hand-set ISA constant.
 
 * ``lanes``: the float32 lanes of one vector, as the fp32 micro-kernel route declares them for
   the device (16 on AVX-512, 8 on AVX2, 4 on NEON).
@@ -7,12 +8,12 @@ the device model: nothing in those kernels is a hand-set ISA constant.
   head-row elements for P·V): the fastest fp32 block the micro-kernel layer offers on the device
   (measured rate, else the route's preset; near-ties go to the block with more multiply-adds per
   load) that TVM keeps in registers (a stack array under ``STACK_ARRAY_BYTES``) and whose width
-  divides the cache block.
-* ``block``: positions per cache block (the cache's layout, one decode task's slice of the
-  context): the widest power-of-two multiple of ``wide`` whose keys and values (``head_dim`` each
+  divides the block.
+* ``block``: positions per block of keys (the cache's layout, one decode task's slice of the
+  context; a flash-attention step): the widest power-of-two multiple of ``wide`` whose keys and values (``head_dim`` each
   per position) fit the first cache level together, so a task's products reread them from L1.
 * ``rows``: queries per prompt task: each block of keys and values comes from the level a kv
-  head's cache lives in once per ``rows`` queries, so ``rows`` is the multiple of ``sub`` that
+  head's keys and values live in once per ``rows`` queries, so ``rows`` is the multiple of ``sub`` that
   lifts the products' intensity (``rows / 2`` flops per byte) to that level's balance point
   (one core's peak over its bandwidth).
 * ``group_sub``: query heads of a group in one decode register tile (one vector of positions
@@ -36,8 +37,8 @@ NEAR_TIE = 0.98  # register blocks within 2% of the fastest rate count as equall
 
 
 @dataclass(frozen=True)
-class KVTiles:
-    """The planned tiles of the cache kernels (see the module docstring)."""
+class AttentionTiles:
+    """The planned tiles of the attention kernels (see the module docstring)."""
 
     lanes: int
     sub: int
@@ -65,16 +66,17 @@ def vector_part(head_dim: int, lanes: int) -> int:
     return max(w for w in (1, 2, 4, 8, 16, 32, 64) if w <= lanes and head_dim % w == 0)
 
 
-def plan_tiles(dev: DeviceModel, head_dim: int, length: int, group: int) -> KVTiles:
-    """The tiles for a cache of ``length`` positions of ``head_dim``-element rows on ``dev``,
-    read by ``group`` query heads per kv head."""
+def plan_tiles(dev: DeviceModel, head_dim: int, length: int, group: int) -> AttentionTiles:
+    """The tiles for ``length`` keys of ``head_dim``-element rows on ``dev``, read by
+    ``group`` query heads per kv head."""
     if dev.kind != "cpu":
-        raise UnsupportedError(f"the cache kernels are CPU kernels; {dev.name} is a {dev.kind}")
+        raise UnsupportedError(f"the attention kernels are CPU kernels; {dev.name} is a "
+                               f"{dev.kind}")
     lanes = route_named("fp32_fma").lanes(dev)
     sub, wide = _register_tile(dev, lanes)
     block = _block(dev, head_dim, wide)
     rows = _rows(dev, 2 * length * head_dim * FLOAT_BYTES, sub)
-    return KVTiles(lanes, sub, wide, block, rows, _group_sub(dev, group, lanes))
+    return AttentionTiles(lanes, sub, wide, block, rows, _group_sub(dev, group, lanes))
 
 
 def _register_tile(dev: DeviceModel, lanes: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import device_for
-from tvm_roller.backends.cpu.kv_plan import STACK_ARRAY_BYTES, plan_tiles
+from tvm_roller.backends.cpu.attention_plan import STACK_ARRAY_BYTES, plan_tiles
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware import preset
 
