@@ -51,24 +51,32 @@ def _run(shape: AttentionShape, sq: int, sk: int, target=None, seed=0, bias_fill
                        shape.heads // shape.kv_heads)
     func = _build(flash_attention_kernel(shape, scale, tiles), target)
     out = _tensor(np.full(q.shape, np.nan, "float32"))
-    args = [_tensor(q), _tensor(k), _tensor(v)] + ([] if bias is None else [_tensor(bias)])
+    keys = k
+    if shape.keys_transposed:  # [.., head_dim, positions], padded past whole blocks
+        keys = rng.standard_normal(k.shape[:2] + (k.shape[3], -(-sk // tiles.block) * tiles.block
+                                                   + 3)).astype("float32")
+        keys[..., :sk] = k.transpose(0, 1, 3, 2)
+    args = [_tensor(q), _tensor(keys), _tensor(v)] + ([] if bias is None else [_tensor(bias)])
     func(*args, out)
     np.testing.assert_allclose(out.numpy(), _reference(q, k, v, bias, scale, shape.causal),
                                rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (13, 13), (131, 131), (5, 70), (67, 29)])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (3, 3, 72), (2, 1, 64)])
-def test_matches_float64(target, sq, sk, heads, kv_heads, head_dim):
-    _run(AttentionShape(2, heads, kv_heads, head_dim), sq, sk, target)
+def test_matches_float64(target, transposed, sq, sk, heads, kv_heads, head_dim):
+    _run(AttentionShape(2, heads, kv_heads, head_dim, keys_transposed=transposed), sq, sk,
+         target)
 
 
 @pytest.mark.parametrize("bias", [(1, 1, False), (2, 1, False), (1, 3, True), (2, 3, True)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_biases_broadcast_and_causal(bias, causal):
     sq, sk = (37, 37) if causal else (37, 53)
-    _run(AttentionShape(2, 3, 3, 32, bias, causal), sq, sk, seed=sum(bias[:2]))
+    _run(AttentionShape(2, 3, 3, 32, bias, causal, keys_transposed=causal), sq, sk,
+         seed=sum(bias[:2]))
 
 
 def test_a_row_masked_everywhere_is_uniform_and_a_masked_key_weighs_nothing():

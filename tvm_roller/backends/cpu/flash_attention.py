@@ -2,8 +2,11 @@
 ``softmax(Q·Kᵀ · scale + bias) · V`` in one kernel, the scores never leaving the task.
 
 A task is (batch, query head, tile of ``rows`` queries); it walks the keys in blocks of
-``block`` positions: the block's keys transposed once into a task buffer (positions along the
-vector lanes), the scores of ``sub`` queries over ``wide`` positions accumulated over the head
+``block`` positions, read with the positions along the vector lanes: from keys given transposed
+and padded to whole blocks (``keys_transposed``: ``[batch, kv_heads, head_dim, >= blocks x
+block]``, made once per call outside the kernel), or else transposed block by block into a task
+buffer (a cost per task the transposed input saves: it is paid again by every query tile); the
+scores of ``sub`` queries over ``wide`` positions accumulated over the head
 dimension in registers, the bias added, then each query's running max, sum of exponentials and
 weighted values updated (rescaled when the max grows), and the weighted values of ``sub``
 queries over ``wide`` elements of a head row in registers. Grouped-query heads read their kv
@@ -43,6 +46,7 @@ class AttentionShape:
     head_dim: int
     bias: Optional[Tuple[int, int, bool]] = None
     causal: bool = False
+    keys_transposed: bool = False
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -61,7 +65,7 @@ def flash_attention_kernel(shape: AttentionShape, scale: float,
     """``(q, k, v[, bias]) -> out [batch, heads, q_len, head_dim]`` (see the module)."""
     b, h, hd = shape.batch, shape.heads, shape.head_dim
     grp, dtype, causal = shape.heads // shape.kv_heads, shape.dtype, shape.causal
-    has_bias = shape.bias is not None
+    has_bias, kt_in = shape.bias is not None, shape.keys_transposed
     bb, bh, per_row = shape.bias if has_bias else (1, 1, False)
     rows, sub, wide, block, lanes = tiles.rows, tiles.sub, tiles.wide, tiles.block, tiles.lanes
     part = wide if hd % wide == 0 else vector_part(hd, lanes)
@@ -72,16 +76,17 @@ def flash_attention_kernel(shape: AttentionShape, scale: float,
                out_var: T.handle):
         # the lengths are variables (bound by the call): only the outer loops' extents and
         # the clamps at the ends read them, so one kernel serves every length
-        sq, sk = T.int64(), T.int64()
+        sq, sk, skp = T.int64(), T.int64(), T.int64()
         q = T.match_buffer(q_var, (b, h, sq, hd), dtype)
-        k = T.match_buffer(k_var, (b, h // grp, sk, hd), dtype)
+        k = T.match_buffer(k_var, (b, h // grp, hd, skp) if kt_in else (b, h // grp, sk, hd),
+                           dtype)
         v = T.match_buffer(v_var, (b, h // grp, sk, hd), dtype)
         bias = T.match_buffer(bias_var, (bb, bh, sq if per_row else 1, sk), dtype)
         out = T.match_buffer(out_var, (b, h, sq, hd), dtype)
         for t in T.parallel(b * h * ((sq + rows - 1) // rows)):
             reg = T.alloc_buffer((sub, wide), dtype)  # stack arrays: registers
             acc = T.alloc_buffer((sub, part), dtype)
-            kt = T.alloc_buffer((hd, block), dtype)
+            kt = T.alloc_buffer((1, 1) if kt_in else (hd, block), dtype)
             lane = T.alloc_buffer((rows, lanes), dtype)
             scores = T.alloc_buffer((rows, block), dtype)
             weighted = T.alloc_buffer((rows, hd), dtype)
@@ -99,10 +104,11 @@ def flash_attention_kernel(shape: AttentionShape, scale: float,
             # the blocks up to the last key (causal: the tile's last query's)
             for blk in T.serial(((T.min(r0 + rows - 1, sq - 1) + sk - sq) if causal else sk - 1)
                                 // block + 1):
-                # the block's keys, positions along the lanes (past the end: the last key)
-                for j in T.serial(block):
-                    for d in T.serial(hd):
-                        kt[d, j] = k[bi, hi // grp, T.min(blk * block + j, sk - 1), d]
+                if not kt_in:
+                    # the block's keys, positions along the lanes (past the end: the last key)
+                    for j in T.serial(block):
+                        for d in T.serial(hd):
+                            kt[d, j] = k[bi, hi // grp, T.min(blk * block + j, sk - 1), d]
                 for rs in T.serial(rows // sub * (block // wide)):
                     for i in T.unroll(sub):
                         for j in T.vectorized(wide):
@@ -113,7 +119,9 @@ def flash_attention_kernel(shape: AttentionShape, scale: float,
                                 reg[i, j] = reg[i, j] \
                                     + q[bi, hi, T.min(r0 + rs // (block // wide) * sub + i,
                                                       sq - 1), d] \
-                                    * kt[d, rs % (block // wide) * wide + j]
+                                    * (k[bi, hi // grp, d,
+                                         blk * block + rs % (block // wide) * wide + j]
+                                       if kt_in else kt[d, rs % (block // wide) * wide + j])
                     for i in T.unroll(sub):
                         for j in T.vectorized(wide):
                             scores[rs // (block // wide) * sub + i,

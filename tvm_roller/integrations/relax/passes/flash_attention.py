@@ -11,6 +11,7 @@ reason in ``chains``. Each kernel is a report entry with its tiles and roofline 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -246,11 +247,15 @@ class _Rewriter(relax.expr_functor.PyExprMutator):
         """The kernel's call on the operands viewed as rank 4 (its result viewed back)."""
         q_len, kv_len = (self._length(d) for d in (_dims(m.q)[-2], _dims(m.k)[-2]))
         tiles = plan_tiles(self.dev, shape.head_dim, kv_len, shape.heads // shape.kv_heads)
+        args = [self._as4(e) for e in (m.q, m.k, m.v) + ((m.bias,) if m.bias is not None
+                                                          else ())]
+        if isinstance(_dims(m.k)[-2], tirx.IntImm):
+            # the keys transposed and padded to whole blocks once, for every query tile
+            args[1] = self._keys_transposed(args[1], kv_len, tiles.block)
+            shape = dataclasses.replace(shape, keys_transposed=True)
         func = flash_attention_kernel(shape, m.scale, tiles)
         gv = self.builder_.add_func(func, f"flash_attention{self.count}")
         self.count += 1
-        args = [self._as4(e) for e in (m.q, m.k, m.v) + ((m.bias,) if m.bias is not None
-                                                          else ())]
         call = relax.call_tir(gv, args, relax.TensorType(_dims(args[0]), "float32"))
         # (the builder gives an equal kernel, another layer's, its first name: one entry)
         if self.report is not None and gv.name_hint not in self.recorded:
@@ -266,6 +271,13 @@ class _Rewriter(relax.expr_functor.PyExprMutator):
         if len(_dims(var)) == 4:
             return call
         return relax.op.reshape(self.builder_.emit(call), _dims(var))
+
+    def _keys_transposed(self, keys, length: int, block: int) -> relax.Expr:
+        kt = self.builder_.emit(relax.op.permute_dims(keys, [0, 1, 3, 2]))
+        pad = -(-length // block) * block - length
+        if not pad:
+            return kt
+        return self.builder_.emit(relax.op.nn.pad(kt, [0, 0] * 3 + [0, pad]))
 
     def _as4(self, expr) -> relax.Expr:
         new = self.visit_expr(expr)
