@@ -150,6 +150,9 @@ class Backend(ABC):
     #: why this backend builds no bucket kernels for functions with symbolic extents
     #: (``planner.buckets``), or "" when it does
     no_dynamic_kernels: str = ""
+    #: whether a model's attentions become whole flash-attention kernels before the chain
+    #: fusion (``integrations.relax.passes.flash_attention``)
+    flash_attention: bool = False
 
     def __init__(self, rules: Sequence[OpRule], chain_rule: Optional[ChainRule] = None) -> None:
         self._rules = tuple(rules)

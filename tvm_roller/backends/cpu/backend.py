@@ -31,6 +31,7 @@ class CpuBackend(Backend):
     conv_layouts = {"relax.nn.conv1d": ["NWC", "WIO"], "relax.nn.conv2d": ["NHWC", "HWIO"],
                     "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     traceable_chains = True
+    flash_attention = True  # backends/cpu/flash_attention.py
     splits_tails = True  # the tiled lowering pads (pad_einsum); convolutions keep exact tiles
     operand_dtypes = OPERAND_DTYPES
     runner_device = "cpu"

@@ -24,7 +24,7 @@ from tvm import relax, tirx
 from tvm_roller.backends.cpu.attention_plan import plan_tiles
 from tvm_roller.backends.cpu.attention_work import attention_work
 from tvm_roller.backends.cpu.flash_attention import AttentionShape, flash_attention_kernel
-from tvm_roller.backends.registry import backend_for
+from tvm_roller.backends.registry import backend_for, has_backend
 from tvm_roller.core.errors import UnsupportedError
 from tvm_roller.hardware.model import DeviceModel
 from tvm_roller.planner import FuncReport
@@ -307,7 +307,7 @@ def flash_attention_pass(device: Optional[DeviceModel] = None, report: Optional[
     @tvm.transform.module_pass(opt_level=0, name="RollerFlashAttention")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = tvm.target.Target.current(allow_none=True)
-        if tgt is None or tgt.kind.name != "llvm":
+        if tgt is None or not has_backend(tgt) or not backend_for(tgt).flash_attention:
             return mod
         dev = device if device is not None else backend_for(tgt).device_model(tgt)
         rewriter = _Rewriter(mod, dev, report, decisions)
