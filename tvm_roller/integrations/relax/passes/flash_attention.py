@@ -294,8 +294,9 @@ class _Rewriter(relax.expr_functor.PyExprMutator):
         return int(self.bounds.get(getattr(dim, "name", ""), DEFAULT_UPPER))
 
     def _decide(self, m: _Match, fused: bool, reason: str) -> None:
+        label = f"attention {[str(d) for d in _dims(m.q) or []]}"
+        logger.info("tvm_roller: %s: %s", label, reason)
         if self.decisions is not None:
-            label = f"attention {[str(d) for d in _dims(m.q) or []]}"
             self.decisions.append({"chain": label, "fused": fused, "reason": reason})
 
 
