@@ -4,7 +4,6 @@ against float64 PyTorch, and the forms it leaves to the matmul-chain fusion with
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -12,10 +11,9 @@ import torch
 import tvm
 from tvm import relax
 
-import tvm_roller
 import tvm_roller.relax as rr
 from conftest import TARGET, device, rel_err
-from tvm_roller.integrations.pytorch import import_torch
+from test_hf_models import _compile_and_run
 
 HEADS, DIM = 3, 16
 
@@ -49,19 +47,11 @@ class Attention(torch.nn.Module):
         return out.reshape(1, HEADS, s, DIM).transpose(1, 2).reshape(1, s, HEADS * DIM)
 
 
-def _compile(form: str, s: int, dtype=torch.float32):
+def _compile(form: str, s: int):
     torch.manual_seed(0)
-    model = Attention(form).eval().to(dtype)
-    x = torch.randn(1, s, HEADS * DIM, dtype=dtype)
-    report, chains = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
-        ex = rr.compile(import_torch(model, x), TARGET, report, device(), cache=False,
-                        chains=chains)
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
-    with torch.no_grad():
-        ref = model.double()(x.double()).numpy()
+    chains = []
+    out, ref, report = _compile_and_run(Attention(form).eval(), torch.randn(1, s, HEADS * DIM),
+                                        chains=chains)
     return out, ref, report, chains
 
 

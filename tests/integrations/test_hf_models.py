@@ -27,12 +27,15 @@ from harness.examples import hf_models  # noqa: E402  (needs transformers)
 TARGET = tvm_roller.hardware.normalize_target(PINNED_TARGET)
 
 
-def _compile_and_run(model, x, **kw):
+def _compile_and_run(model, x, chains=None, **kw):
+    """The model's output by roller, its float64 PyTorch reference and the report
+    (``chains``: a list that gets the matmul chains' and attentions' decisions)."""
     mod = import_torch(model, x)
-    report, chains = [], []
+    report = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
-        ex = rr.compile(mod, TARGET, report, device(), cache=False, chains=chains, **kw)
+        ex = rr.compile(mod, TARGET, report, device(), cache=False,
+                        chains=[] if chains is None else chains, **kw)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x.numpy()))
     out = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
@@ -136,16 +139,9 @@ def test_attention_runs_as_flash_kernels(name):
     """Each layer's attention (under a padding mask, a causal mask, none) is a flash-attention
     kernel with its tiles and roofline bound, and the model still matches PyTorch."""
     model, x = hf_models.MODELS[name]("small")
-    report, chains = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tvm_roller.FallbackWarning)
-        ex = rr.compile(import_torch(model, x), TARGET, report, device(), cache=False,
-                        chains=chains)
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    with torch.no_grad():
-        ref = model.double()(x.double() if x.is_floating_point() else x).numpy()
-    model.float()
-    assert rel_err(out.numpy() if hasattr(out, "numpy") else out[0].numpy(), ref) <= 1e-4
+    chains = []
+    out, ref, report = _compile_and_run(model, x, chains=chains)
+    assert rel_err(out, ref) <= 1e-4
     flash = [c for c in chains if c["reason"] == "flash attention kernel"]
     assert len(flash) == 2, chains  # the 2 layers'
     kernels = [e for e in report if e["kind"] == "flash-attention"]

@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 
 from tvm_roller.backends.cpu.attention_plan import AttentionTiles, vector_part
 from tvm_roller.backends.cpu.kv_cache import mark_scheduled
+from tvm_roller.backends.cpu.online_softmax import online_softmax_step
 from tvm_roller.backends.vector_math import rewrite_vector_math
 from tvm_roller.core.errors import UnsupportedError
 
@@ -138,33 +139,7 @@ def flash_attention_kernel(shape: AttentionShape, scale: float,
                                                sk - 1)] if has_bias else T.float32(0)),
                                       T.float32(lo)),
                                 T.float32(gone))
-                for i in T.unroll(rows):
-                    for j in T.vectorized(lanes):
-                        lane[i, j] = scores[i, j]
-                    for c in T.serial(1, block // lanes):
-                        for j in T.vectorized(lanes):
-                            lane[i, j] = T.max(lane[i, j], scores[i, c * lanes + j])
-                    rescale[i] = top[i]
-                for j in T.serial(lanes):
-                    for i in T.unroll(rows):
-                        top[i] = T.max(top[i], lane[i, j])
-                for i in T.serial(rows):
-                    # below e^-80 a weight is 0 (no subnormal arithmetic; positions past the
-                    # end, where the difference is -inf)
-                    rescale[i] = T.Select(rescale[i] - top[i] > T.float32(-80.0),
-                                          T.exp(rescale[i] - top[i]), T.float32(0))
-                    for j in T.vectorized(block):
-                        scores[i, j] = T.Select(scores[i, j] - top[i] > T.float32(-80.0),
-                                                T.exp(scores[i, j] - top[i]), T.float32(0))
-                    for j in T.vectorized(lanes):
-                        lane[i, j] = scores[i, j]
-                    for c in T.serial(1, block // lanes):
-                        for j in T.vectorized(lanes):
-                            lane[i, j] = lane[i, j] + scores[i, c * lanes + j]
-                    total[i] = total[i] * rescale[i]
-                for j in T.serial(lanes):
-                    for i in T.unroll(rows):
-                        total[i] = total[i] + lane[i, j]
+                online_softmax_step(scores, lane, top, total, rescale, rows, lanes, block)
                 for rp in T.serial(rows // sub * (hd // part)):
                     for i in T.unroll(sub):
                         for d in T.vectorized(part):

@@ -47,7 +47,6 @@ class _Match:
     v: relax.Expr
     bias: Optional[relax.Expr]
     scale: float
-    inner: List[relax.Var]  # the intermediate variables the kernel replaces
 
 
 def _call(defs: Dict[relax.Var, relax.Expr], expr, op: str) -> Optional[relax.Call]:
@@ -82,43 +81,37 @@ class _Finder:
         return isinstance(var, relax.Var) and self.uses.get(var, 0) == 1 \
             and isinstance(var, relax.DataflowVar)
 
-    def through(self, expr, inner: Optional[list]):
+    def through(self, expr, inner: bool):
         """``expr`` before the views that only fold or split its batch dimensions (torch's
         matmul over rank 4 imports as reshapes to rank 3 around a batched matmul) and
-        broadcasts to its own shape; ``inner``: the intermediates' list (each view then must
-        be the only use of what it views), None for an operand (its views may stay)."""
+        broadcasts to its own shape; ``inner``: an intermediate of the pattern (each view then
+        must be the only use of what it views), not an operand (its views may stay)."""
         while isinstance(expr, relax.Var) and isinstance(self.defs.get(expr), relax.Call):
             call = self.defs[expr]
             view = call.op.same_as(_OPS["reshape"]) or call.op.same_as(_OPS["broadcast_to"])
             if not view or not _batch_view(call.args[0], expr, call.op.same_as(_OPS["reshape"])):
                 break
-            if inner is not None:
-                if not self.only_user(expr):
-                    break
-                inner.append(expr)
+            if inner and not self.only_user(expr):
+                break
             expr = call.args[0]
         return expr
 
     def match(self, value: relax.Call) -> Optional[_Match]:
         p, v = value.args
-        inner: List[relax.Var] = []
-        p = self.through(p, inner)
+        p = self.through(p, True)
         while (cast := _call(self.defs, p, "astype")) is not None and self.only_user(p):
-            inner.append(p)
-            p = self.through(cast.args[0], inner)
+            p = self.through(cast.args[0], True)
         soft = _call(self.defs, p, "nn.softmax")
         if soft is None or not self.only_user(p) or int(soft.attrs.axis) not in (-1, len(
                 _dims(p) or []) - 1):
             return None
-        inner.append(p)
-        x, bias, scale = self.through(soft.args[0], inner), None, 1.0
+        x, bias, scale = self.through(soft.args[0], True), None, 1.0
         add = _call(self.defs, x, "add")
         if add is not None and self.only_user(x):
-            inner.append(x)
-            x, bias = (self.through(a, inner) if i == 0 else a for i, a in enumerate(add.args))
+            x, bias = self.through(add.args[0], True), add.args[1]
             if not any(_call(self.defs, x, op) is not None
                        for op in ("matmul", "multiply", "divide")):
-                x, bias = self.through(add.args[1], inner), add.args[0]
+                x, bias = self.through(add.args[1], True), add.args[0]
         for op in ("multiply", "divide"):
             call = _call(self.defs, x, op)
             if call is not None and self.only_user(x):
@@ -127,23 +120,20 @@ class _Finder:
                      else _scalar(call.args[0]))
                 if c is None or (op == "divide" and c == 0.0):
                     return None
-                inner.append(x)
                 x = self.through(call.args[0] if _scalar(call.args[0]) is None
-                                 else call.args[1], inner)
+                                 else call.args[1], True)
                 scale = 1.0 / c if op == "divide" else c
                 break
         mm = _call(self.defs, x, "matmul")
         if mm is None or not self.only_user(x):
             return None
-        inner.append(x)
-        q, kt = (self.through(a, None) for a in mm.args)
+        q, kt = (self.through(a, False) for a in mm.args)
         perm = _call(self.defs, kt, "permute_dims")
         rank = len(_dims(kt) or [])
         if perm is None or rank < 3 or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] \
                 != list(range(rank - 2)) + [rank - 1, rank - 2]:
             return None
-        return _Match(q, self.through(perm.args[0], None), self.through(v, None), bias, scale,
-                      inner)
+        return _Match(q, self.through(perm.args[0], False), self.through(v, False), bias, scale)
 
 
 def _batch_view(src, dst, reshape: bool) -> bool:
