@@ -52,6 +52,7 @@ class CpuTraits:
     fma_chains: float = 8.0  # independent FMAs in flight that hide the FMA latency
     fma_per_cycle: float = 1.0  # FMAs per cycle the micro-kernel efficiency model assumes
     loads_per_cycle: float = 2.0  # vector loads per cycle from L1
+    page_bytes: int = 4096  # the span a hardware prefetcher follows one stream within
     # written by calibrate() (None on presets and estimated models)
     estimated_peak_float32: Optional[float] = None  # the estimate the measurement replaced
     calibration_seconds: Optional[float] = None

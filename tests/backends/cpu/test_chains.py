@@ -326,3 +326,38 @@ def test_rows_of_partial_vectors_are_not_fused(l, wide):  # noqa: E741
         assert f"rows of {l} give {wide}-wide vectors" in why, why
     else:
         assert "wide vectors" not in why, why
+
+
+def test_relax_chain_over_views_of_a_two_dim_batch_stays_fused():
+    """float64 attention over ``[3, 3, 32, 16]`` (no flash kernel: float64), each matmul between
+    the rank-3 views torch.export imports: the fused chain's softmax partial max moves under a
+    task loop fused from the batch's two axes, whose binding TVM's ``vectorize`` does not take
+    as affine; the lanes then stay scalar, and the chain stays fused rather than failing (it was
+    a ScheduleError, the chain built as its operators one by one and reported as an error)."""
+    from tvm import relax
+
+    b, h, s, d = 3, 3, 32, 16
+    q, k, v = (relax.Var(n, relax.TensorType((b, h, s, d), "float64")) for n in "qkv")
+    bb = relax.BlockBuilder()
+
+    def matmul(x, y):  # as torch.export imports a rank-4 matmul
+        xs, ys = ([int(t) for t in e.ty.shape] for e in (x, y))
+        x3, y3 = (bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(e, es)), [b * h, *es[2:]]))
+                  for e, es in ((x, xs), (y, ys)))
+        return bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(x3, y3)), [b, h, xs[2], ys[3]]))
+
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            scores = matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])))
+            out = bb.emit_output(matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v))
+        bb.emit_func_output(out)
+    report, decisions = [], []
+    ex = tvm_roller.relax.compile(bb.get(), tvm_roller.hardware.normalize_target(TARGET), report,
+                                  device=device(), cache=False, chains=decisions)
+    assert [d["fused"] for d in decisions if not d["chain"].startswith("attention")] == [True]
+    assert not [e for e in report if e["fallback"]], report
+    arrays = [np.random.default_rng(i).uniform(-1, 1, (b, h, s, d)) for i in range(3)]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, arrays)).numpy()
+    scores = arrays[0] @ arrays[1].swapaxes(-1, -2)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    assert_close(got, p / p.sum(-1, keepdims=True) @ arrays[2], 1e-12)

@@ -103,10 +103,13 @@ def test_int64_extents():
 
 
 @pytest.mark.parametrize("rows,k,epilogue", [(1, 896, False), (97, 208, False),
-                                             (4864 // 16, 96, True), (131, 64, True)])
+                                             (4864 // 16, 96, True), (131, 64, True),
+                                             (64, 4128, False), (11, 4880, True)])
 def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
     """y[n] = sum_k x[k] w[n, k] (a GEMV over a row-major matrix, alone or under an epilogue):
-    each output element a row, its dot product through 16-lane partial sums."""
+    each output element a row, its dot product through 16-lane partial sums: a row shorter
+    than four pages read alone through two sets of partial sums (one sequential stream), a
+    longer one beside the task's other rows through one."""
     import tvm
     from tvm import te
 
@@ -126,6 +129,9 @@ def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
     assert res.entry.status == "roller", res.entry.reason
     if rows * (k // 16) >= 2 and k % 16 == 0:
         assert "T.vectorized(16)" in res.kernel.script()
+    if "y_rf[v_i, v_j, v_n, vr_1]" in res.kernel.script():  # as rows of dot products
+        sums = 16 if k * 4 >= 4 * 4096 or k % 32 else 32
+        assert f"y_rf = T.sblock_alloc_buffer((1, 1, {rows}, {sums}))" in res.kernel.script()
     rng = np.random.default_rng(rows)
     xs = rng.uniform(-1, 1, (1, 1, k)).astype("float32")
     ws = rng.uniform(-1, 1, (rows, k)).astype("float32")

@@ -17,6 +17,7 @@ from tvm_roller.backends.cpu.loops import (block_2d, element_steps, is_copy, is_
 from tvm_roller.backends.cpu.lower_gemv import dot_product_rows
 from tvm_roller.backends.cpu.reduction_split import split_unaligned_reductions
 from tvm_roller.core.rtile import RTile
+from tvm_roller.hardware.model import CpuTraits, DeviceModel
 
 
 def rfactor_vectorize_reduction(sch: s_tir.Schedule, block, lanes: int, split_cores: int = 0,
@@ -68,10 +69,11 @@ def vectorize_lanes_under_row(sch: s_tir.Schedule, blk, row, lanes: int) -> None
         return
     pos = next(i for i, l in enumerate(loops) if l.same_as(lane[0]))
     after = loops[pos + 1:]
-    # (loops after the lane one that are no chain, an init beside an update under them:
-    # the lanes stay unvectorized, the kernel correct)
+    # (loops after the lane one that are no chain, an init beside an update under them; or a
+    # binding TVM's vectorize does not take as affine, as a task loop fused from two batch
+    # axes gives: the lanes stay unvectorized, the kernel correct)
     if not after or attempt(sch.reorder, *after, lane[0]):
-        sch.vectorize(lane[0])
+        attempt(sch.vectorize, lane[0])
 
 
 def _iv_extent(iv) -> Optional[int]:
@@ -111,12 +113,12 @@ def _each_output_alone(sch: s_tir.Schedule, lanes: int, cores: int) -> s_tir.Sch
     return sch
 
 
-def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
+def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, dev: DeviceModel,
                     traceable: bool = False) -> s_tir.Schedule:
     """``traceable``: no rewrite of ``func`` first (the trace must replay on it), so a
     reduction over an unaligned row stays scalar there, and a row over buffers that share a
     name is split rather than partitioned (``loops.partition_hazard``)."""
-    lanes = t.vector_lanes
+    lanes, cores = t.vector_lanes, dev.num_units
     sch = s_tir.Schedule(func if traceable else
                          unique_buffer_names(split_unaligned_reductions(func, lanes)))
     if len(_output_blocks(sch)) > 1 and not any(is_reduction(sch, sch.get_sblock(n))
@@ -134,7 +136,7 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
             inline_within(sch, blk)
     names = block_names(sch)
     out = sch.get_sblock(out_name)
-    if _dot_products(sch, names, lanes, cores):
+    if _dot_products(sch, names, lanes, cores, (dev.cpu or CpuTraits()).page_bytes):
         return sch
     out_loops = sch.get_loops(out)
     out_red = is_reduction(sch, out)
@@ -196,7 +198,8 @@ def apply_streaming(func: tirx.PrimFunc, fa: FuncAnalysis, t: RTile, cores: int,
     return sch
 
 
-def _dot_products(sch: s_tir.Schedule, names: List[str], lanes: int, cores: int) -> bool:
+def _dot_products(sch: s_tir.Schedule, names: List[str], lanes: int, cores: int,
+                  page_bytes: int) -> bool:
     """A reduction alone, or under one elementwise epilogue over the same elements, with many
     output elements: rows of dot products (``lower_gemv``); whether it was scheduled so."""
     if not 1 <= len(names) <= 2 or not is_reduction(sch, sch.get_sblock(names[0])):
@@ -211,9 +214,10 @@ def _dot_products(sch: s_tir.Schedule, names: List[str], lanes: int, cores: int)
             elements *= _iv_extent(iv) or 0
     trial = sch.copy()
     if not dot_product_rows(trial, trial.get_sblock(names[0]), trial.get_sblock(names[-1]),
-                            elements, lanes, cores):
+                            elements, lanes, cores, page_bytes):
         return False
-    return dot_product_rows(sch, sch.get_sblock(names[0]), out, elements, lanes, cores)
+    return dot_product_rows(sch, sch.get_sblock(names[0]), out, elements, lanes, cores,
+                            page_bytes)
 
 
 def _reduces_per_element(sch: s_tir.Schedule, stages: List[str], out_loops) -> bool:

@@ -26,4 +26,4 @@ class StreamingRule(OpRule):
 
     def lower(self, func: tirx.PrimFunc, fa: FuncAnalysis, tile: RTile,
               dev: DeviceModel, traceable: bool = False) -> s_tir.Schedule:
-        return lower_streaming.apply_streaming(func, fa, tile, dev.num_units, traceable)
+        return lower_streaming.apply_streaming(func, fa, tile, dev, traceable)
