@@ -4,10 +4,14 @@ isolated worker (``harness.random_cases``).
     python python/random_cases.py --target cpu --seed 0 -n 200 --out cpu.jsonl
     python python/random_cases.py --target cuda --seed 0 -n 100 --jobs 2 --markdown
     python python/random_cases.py --target cpu --seed 0 --only 17,42   # re-run two cases
+    python python/random_cases.py --target cpu --families attention -n 100 --seed 44
     python python/random_cases.py --seed 0 -n 100 --lowp --families matmul,batch_matmul \
         --llvm-target '{"kind":"llvm","mcpu":"haswell","num-cores":2}'
 
-CPU: roller's build run and compared with TVM's unscheduled float64 build. CUDA (no GPU
+CPU: roller's build run and compared with TVM's unscheduled float64 build; the ``attention``
+family (CPU only, ``--families attention``) is HF's eager attention as a Relax model compiled
+by roller's pipeline and compared with a float64 numpy reference, the summary counting how many
+ran as the flash-attention kernel and why the others did not. CUDA (no GPU
 needed): lowered, verified, nvcc/ptxas-compiled and held against the device's limits, and its
 CPU replica compared. Case ``i`` of a seed does not depend on ``-n``, so ``--only i`` re-runs
 exactly the case a big run reported (with the same ``--target``, ``--families``, ``--lowp``).
@@ -64,6 +68,8 @@ def _progress(quiet: bool):
         if quiet and r.outcome in (OK, NOT_RUN):
             return
         msg = f"  {r.message[:200]}" if r.message else ""
+        if "attention" in r.facts:  # how roller built an attention case
+            msg += f"  [{r.facts['attention']}]"
         print(f"[{done:4d}/{total}] {r.outcome:10s} {r.seconds:6.2f}s  {r.case.label()}{msg}",
               flush=True)
     return show

@@ -62,6 +62,12 @@ CPU_CASES = [
      "reorder: the partial sums' lane loop over an init and an update"),
     ("arg_reduce", "float64", {"shape": "3x17x9", "axis": 1, "op": "argmax", "keepdims": 1},
      "declined: an int32 index"),
+    # (a Relax model: its fused softmax chain's vectorize refused under a task loop fused from
+    # two batch axes, a ScheduleError; the chain then built as its operators one by one)
+    ("attention", "float64", {"B": 3, "D": 16, "H": 3, "KVH": 1, "SK": 32, "SQ": 32,
+                              "const": "4.0", "form": "torch", "kv": "repeat",
+                              "mask": "head_bias", "mask_batch": 3, "scale": "divide"},
+     "chain ScheduleError: vectorize under a task over two batch axes"),
 ]
 
 

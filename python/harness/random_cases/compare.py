@@ -31,8 +31,13 @@ def specs(built: families.Built) -> List[Spec]:
 def inputs(case: Case, built: families.Built) -> List[np.ndarray]:
     """Uniform(-1, 1) arrays for the inputs, never exactly zero (a zero hides a read of
     padding), seeded by the case."""
+    return random_arrays(case, specs(built)[:-1])
+
+
+def random_arrays(case: Case, operands: Sequence[Spec]) -> List[np.ndarray]:
+    """:func:`inputs` for the given (shape, dtype) of each input."""
     arrays = []
-    for k, (shape, dtype) in enumerate(specs(built)[:-1]):
+    for k, (shape, dtype) in enumerate(operands):
         rng = np.random.default_rng([case.seed, case.index, 2, k])
         if dtype in ("int8", "uint8"):  # the whole range (an int8 GEMM must be exact)
             lo, hi = (-128, 128) if dtype == "int8" else (0, 256)

@@ -9,7 +9,8 @@ alignment likes least. Sizes are capped by multiply-adds and tensor elements so 
 builds and runs in about a second, TVM's unscheduled float64 reference included.
 
 ``make_func(case, dtype)`` rebuilds the PrimFunc; ``dtype="float64"`` gives the same compute
-in float64 throughout, the reference's version.
+in float64 throughout, the reference's version. The ``attention`` family is drawn here too but
+is no PrimFunc: a Relax model for the CPU (``attention`` builds it, ``check_cpu`` checks it).
 """
 from __future__ import annotations
 
@@ -697,17 +698,95 @@ def _build_gemm_chain(p: Mapping[str, Param], dt: Dtypes) -> Built:
     return Built((a, b, dd, _matmul(c, dd, dt.acc, False, "E")), k * l)
 
 
+# -- attention (a Relax model: ``attention`` builds it, ``check_cpu`` compiles and checks it) ---
+ATTENTION_MACS = 1 << 26  # the reference is numpy's BLAS matmul, not TVM's unscheduled loops
+_HEAD_SIZES = (1, 16, 32, 40, 64, 64, 72, 80, 96, 128)  # models' (64 the commonest), and 1
+ATTENTION_MASKS = ("none", "padding", "causal", "causal_padding", "random", "head_bias")
+
+
+def _draw_kv(d: Draw, h: int) -> Tuple[int, str]:
+    """(kv heads, how they meet the query heads): MHA; GQA and MQA as HF's ``repeat_kv``
+    (expand_dims, broadcast_to, reshape), or MQA's one head broadcast by the matmul itself."""
+    grouped = [g for g in range(2, h) if h % g == 0]
+    kinds = ["mha"] + (["gqa"] if grouped else []) + (["mqa"] if h > 1 else [])
+    kind = d.pick(kinds)
+    if kind == "mha":
+        return h, "mha"
+    if kind == "gqa":
+        return d.pick(grouped), "repeat"
+    return 1, d.pick(("repeat", "broadcast"))
+
+
+def _draw_mask(d: Draw, b: int, sq: int, sk: int) -> Params:
+    """An additive mask or bias in a shape HF uses (``attention_mask_shape``): its kind,
+    its batch extent where that may be 1, the value at masked positions (``fill``: the dtype's
+    minimum, HF's; -1e9 or -10000, older models'), and whether a row is masked everywhere
+    (``empty``: only with the minimum, whose sum with any score is the minimum in float32 and
+    float64 alike, so such a row is a softmax of equal values on both sides)."""
+    kind = d.pick(ATTENTION_MASKS)
+    if kind == "none":
+        return {"mask": kind}
+    p: Params = {"mask": kind}
+    if kind in ("causal", "head_bias"):
+        p["mask_batch"] = d.pick((1, b))
+    if kind == "head_bias":  # relative-position biases: values, no masked positions
+        return p
+    # a causal mask over more queries than keys masks the first queries everywhere
+    p["empty"] = int(kind.startswith("causal") and sq > sk
+                     or kind != "causal" and d.chance(0.3))
+    p["fill"] = "min" if p["empty"] else d.pick(("min", "min", "-1e9", "-10000"))
+    return p
+
+
+def _draw_attention(d: Draw) -> Optional[Params]:
+    b, h = d.int(1, 3), d.ext(1, 16)
+    kvh, kv = _draw_kv(d, h)
+    hd = d.pick(_HEAD_SIZES) if d.chance(0.7) else d.ext(1, 160)
+    sq = d.ext(1, 300)
+    sk = sq if d.chance(0.5) else d.ext(1, 300)
+    if not _fits(0, (b, h, sq, sk)) or 2 * b * h * sq * sk * hd > ATTENTION_MACS:
+        return None
+    p: Params = {"B": b, "H": h, "KVH": kvh, "D": hd, "SQ": sq, "SK": sk, "kv": kv,
+                 **_draw_mask(d, b, sq, sk)}
+    p["scale"] = d.pick(("multiply", "multiply", "divide", "none"))
+    if p["scale"] == "multiply":  # HF's head_dim ** -0.5, or a sharper or flatter softmax
+        p["const"] = repr(hd ** -0.5 if d.chance(0.6) else d.pick((0.05, 0.5, 2.0, 4.0)))
+    elif p["scale"] == "divide":  # older models' / math.sqrt(head_dim)
+        p["const"] = repr(math.sqrt(hd) if d.chance(0.7) else d.pick((0.5, 3.0, 8.0)))
+    # the operands at rank 4; each matmul between the rank-3 views torch.export imports (the
+    # output transposed to [b, sq, h * d] as HF's attention returns it); or heads folded into
+    # a rank-3 batch (MHA, and a mask whose batch and heads fold with them)
+    mask = attention_mask_shape(p)
+    folds = kv == "mha" and (mask is None or mask[0] * mask[1] in (1, b * h))
+    p["form"] = d.pick(("rank4", "torch", "folded") if folds else ("rank4", "torch"))
+    return p
+
+
+def attention_mask_shape(p: Mapping[str, Param]) -> Optional[Tuple[int, int, int, int]]:
+    """The additive mask's shape at rank 4, as HF makes it: a padding mask ``[b, 1, 1, sk]``;
+    a causal one ``[1 or b, 1, sq, sk]``; causal and padding combined, or any pattern,
+    ``[b, 1, sq, sk]``; a per-head bias ``[1 or b, h, sq, sk]``. None without a mask."""
+    kind = str(p["mask"])
+    if kind == "none":
+        return None
+    b, h, sq, sk = (int(p[x]) for x in ("B", "H", "SQ", "SK"))
+    return (int(p.get("mask_batch", b)), h if kind == "head_bias" else 1,
+            1 if kind == "padding" else sq, sk)
+
+
 # -- the registry --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Family:
     """How to draw a family's parameters (None: over budget or invalid, draw again) and build
     its compute. ``half``: CUDA cases may be float16; ``mixed``: float16 inputs accumulate in
-    float32 (matmuls) rather than in float16."""
+    float32 (matmuls) rather than in float16. ``relax``: no PrimFunc (``build`` is None) but a
+    Relax model compiled whole by roller's pipeline (``attention``), on a CPU only."""
 
     draw: Callable[[Draw], Optional[Params]]
-    build: Callable[[Mapping[str, Param], Dtypes], Built]
+    build: Optional[Callable[[Mapping[str, Param], Dtypes], Built]]
     half: bool = False
     mixed: bool = False
+    relax: bool = False
 
 
 FAMILIES: Dict[str, Family] = {
@@ -733,6 +812,7 @@ FAMILIES: Dict[str, Family] = {
     "variance": Family(_draw_variance, _build_variance),
     "pad_slice": Family(_draw_pad_slice, _build_pad_slice, half=True),
     "arg_reduce": Family(_draw_arg_reduce, _build_arg_reduce),
+    "attention": Family(_draw_attention, None, relax=True),
 }
 
 
@@ -787,14 +867,19 @@ def draw_case(seed: int, index: int, family: str, target: str, lowp: bool = Fals
     return Case(seed, index, family, dtype, target, params, llvm_target=llvm_target)
 
 
-def family_names(only: Optional[Sequence[str]] = None) -> List[str]:
-    """The families to draw from, in the registry's order (``only`` filters; unknown names are
-    a ValueError that lists the known ones)."""
+def family_names(only: Optional[Sequence[str]] = None, target: str = "cpu") -> List[str]:
+    """The families to draw from for ``target``, in the registry's order (``only`` filters;
+    unknown names, or a Relax family for CUDA, are a ValueError that says so). The Relax
+    families are CPU only: a CUDA run's default leaves them out."""
     if not only:
-        return list(FAMILIES)
+        return [f for f, fam in FAMILIES.items() if target == "cpu" or not fam.relax]
     unknown = sorted(set(only) - set(FAMILIES))
     if unknown:
         raise ValueError(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    cpu_only = sorted(f for f in only if FAMILIES[f].relax)
+    if cpu_only and target != "cpu":
+        raise ValueError(f"{', '.join(cpu_only)}: CPU only (a Relax model roller's CPU "
+                         "pipeline compiles)")
     return [f for f in FAMILIES if f in set(only)]
 
 
@@ -807,7 +892,7 @@ def generate(seed: int, n: int, target_kind: str,
     rather than the host; the same cases are drawn for every CPU target."""
     if target_kind not in ("cpu", "cuda"):
         raise ValueError(f"target kind {target_kind!r}: expected cpu or cuda")
-    names = family_names(families)
+    names = family_names(families, target_kind)
     cases = []
     for i in range(n):
         block, pos = divmod(i, len(names))
@@ -826,7 +911,11 @@ def dtypes_of(case: Case, dtype: Optional[str] = None) -> Dtypes:
 
 def build(case: Case, dtype: Optional[str] = None) -> Built:
     """The case's TE compute; ``dtype`` overrides every element type (the reference's)."""
-    return FAMILIES[case.family].build(case.params, dtypes_of(case, dtype))
+    make = FAMILIES[case.family].build
+    if make is None:
+        raise ValueError(f"{case.family} is a Relax model (harness.random_cases.attention), "
+                         "not a TE compute")
+    return make(case.params, dtypes_of(case, dtype))
 
 
 def prim_func(built: Built) -> tirx.PrimFunc:

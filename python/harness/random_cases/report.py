@@ -5,8 +5,10 @@ sizes is one line. Cases built for an ``--llvm-target`` this host cannot run are
 *not_run* (built, not run: no failure, and not ok either) with the reason; the column shows
 only when there are such cases. The tensor-core rate counts float16 matmuls with every extent
 at least 16 (what an MMA tile can cover) that were scheduled, nvcc-compiled and whose PTX uses
-tensor cores. A run *fails* (nonzero exit status of the command) when any case is wrong, crashed,
-hung, raised, failed nvcc or broke a device limit.
+tensor cores. The attention cases are counted by how roller built them: as the flash-attention
+kernel, or left to the matmul chains with the flash-attention pass's reason (no failure). A run
+*fails* (nonzero exit status of the command) when any case is wrong, crashed, hung, raised,
+failed nvcc or broke a device limit.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from harness.random_cases.attention import FLASH
 from harness.random_cases.case import (DECLINE, FAILURES, NOT_RUN, NVCC_FAIL, OUTCOMES,
                                        OVER_LIMIT, Result)
 
@@ -35,6 +38,8 @@ class Summary:
     tensor_core: Optional[Tuple[int, int]]  # (used, eligible) fp16 matmuls, extents >= 16
     seconds: Tuple[float, float, float]  # mean, median, max per case
     not_run: Optional[Mapping[str, int]] = None  # built, not run (llvm target): reason -> n
+    # attention cases by how roller built them: the flash-attention pass's reason -> n
+    attention: Optional[Mapping[str, int]] = None
 
     @property
     def decline_rate(self) -> float:
@@ -60,6 +65,7 @@ def summarize(results: Sequence[Result]) -> Summary:
     reasons: Dict[str, Counter] = defaultdict(Counter)
     not_checked: Counter = Counter()
     not_run: Counter = Counter()
+    attention: Counter = Counter()
     spilled, tc_used, tc_eligible = 0, 0, 0
     for r in results:
         by_family[r.case.family][r.outcome] += 1
@@ -67,6 +73,8 @@ def summarize(results: Sequence[Result]) -> Summary:
             reasons[_reason_key(r.message)][r.case.family] += 1
         if r.outcome == NOT_RUN:
             not_run[r.message] += 1
+        if "attention" in r.facts:
+            attention[str(r.facts["attention"])] += 1
         correctness = str(r.facts.get("correctness", ""))
         if correctness.startswith("not checked"):
             not_checked[correctness] += 1
@@ -88,7 +96,7 @@ def summarize(results: Sequence[Result]) -> Summary:
         spilled=spilled, not_checked=dict(not_checked),
         tensor_core=(tc_used, tc_eligible) if tc_eligible else None,
         seconds=(statistics.fmean(secs), statistics.median(secs), max(secs)),
-        not_run=dict(not_run))
+        not_run=dict(not_run), attention=dict(attention))
 
 
 def _facts_lines(s: Summary) -> List[str]:
@@ -96,6 +104,7 @@ def _facts_lines(s: Summary) -> List[str]:
              f"seconds per case: mean {s.seconds[0]:.2f}, median {s.seconds[1]:.2f}, "
              f"max {s.seconds[2]:.2f}"]
     lines += [f"{msg}: {n} case(s)" for msg, n in sorted((s.not_run or {}).items())]
+    lines += _attention_lines(s.attention or {})
     if "cuda" in s.targets:
         if s.tensor_core is not None:
             used, n = s.tensor_core
@@ -105,6 +114,17 @@ def _facts_lines(s: Summary) -> List[str]:
             lines.append("tensor cores: no float16 matmul with M, N, K >= 16 was compiled")
         lines.append(f"kernels spilling registers: {s.spilled} case(s)")
         lines += [f"correctness {k}: {v} case(s)" for k, v in sorted(s.not_checked.items())]
+    return lines
+
+
+def _attention_lines(routes: Mapping[str, int]) -> List[str]:
+    """How many attention cases ran as the flash kernel, and why the others did not."""
+    if not routes:
+        return []
+    flash = routes.get(FLASH, 0)
+    lines = [f"attention as the flash-attention kernel: {flash} of {sum(routes.values())}"]
+    lines += [f"attention left to the matmul chains ({n}): {why}"
+              for why, n in sorted(routes.items(), key=lambda x: (-x[1], x[0])) if why != FLASH]
     return lines
 
 
