@@ -75,6 +75,12 @@ def run_one(arch: str, batch: int, inductor: bool, tokens: int, layers) -> dict:
     row.update(contest.against_peers(lambda: vm["main"](arg), model, x, ref, threads, inductor))
     row["flagged"] = [k.to_dict() for k in kernels if k.flag]
     row["slowest"] = [k.to_dict() for k in kernels[:6]]
+    # every kernel at 2x its roofline bound or more, with its share of the model's time (the
+    # issue's list: those together should take at most 10%)
+    row["over_2x"] = [dict(name=k.name, share=k.share, over_bound=k.over_bound,
+                           bound_by=k.bound_by, kind=k.kind, status=k.status, reason=k.reason)
+                      for k in kernels if k.over_bound is not None and k.over_bound >= 2.0]
+    row["no_bound_share"] = sum(k.share for k in kernels if k.over_bound is None)
     row["declined"] = [f"{e['name']}: {e['reason'][:160]}" for e in report
                        if e["fallback"] == "decline"]
     row["errors"] = [f"{e['name']}: {e['reason'][:200]}" for e in report
@@ -122,6 +128,26 @@ def table(rows: list) -> str:
         lines.append(f"{len(ratios)} timed: geomean × best peer {_geo(ratios):.2f}, "
                      f">= 1.0x on {sum(x >= 1.0 for x in ratios)}, min {min(ratios):.2f}; "
                      f"geomean × eager {_geo(eager_ratios):.2f}, min {min(eager_ratios):.2f}")
+    return "\n".join(lines)
+
+
+def bound_table(rows: list) -> str:
+    """Per model: the share of its time in kernels at 2x their roofline bound or more, and
+    those kernels (largest share first)."""
+    lines = ["| arch | share ≥ 2× bound | share without a bound | kernels ≥ 2× bound (× bound, share) |",
+             "|---|---|---|---|"]
+    within = 0
+    for r in rows:
+        if r.get("stage") != "done" or "over_2x" not in r:
+            continue
+        over = sorted(r["over_2x"], key=lambda k: -k["share"])
+        share = sum(k["share"] for k in over)
+        within += share <= 0.10
+        lines.append(f"| {r['arch']} | {share:.1%} | {r['no_bound_share']:.1%} | " + "; ".join(
+            f"{k['name']} ({k['over_bound']:.1f}×, {k['share']:.1%})" for k in over[:4]) + " |")
+    lines.append("")
+    lines.append(f"{within} of {len(lines) - 3} models with at most 10% of their time in "
+                 "kernels at 2x their bound or more")
     return "\n".join(lines)
 
 
@@ -197,6 +223,7 @@ def main() -> int:
           f"{depth}, {len(os.sched_getaffinity(0))} threads\n")
     print(table(rows))
     print(details(rows))
+    print(bound_table(rows))
     return 0
 
 
