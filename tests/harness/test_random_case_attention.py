@@ -112,15 +112,15 @@ CHECKED = [  # (case, how roller builds it)
     # torch.export's rank-3 views, causal and left padding at -1e9, head size 1
     (_case("float32", B=2, H=2, KVH=2, D=1, SQ=17, SK=17, kv="mha", mask="causal_padding",
            empty=0, fill="-1e9", scale="none", form="torch"), attention.FLASH),
-    # GQA as HF's repeat_kv: its rank-5 broadcast is no operand the pass takes
+    # GQA as HF's repeat_kv: the kernel reads the two kv heads unrepeated
     (_case("float32", B=1, H=6, KVH=2, D=16, SQ=11, SK=23, kv="repeat", mask="head_bias",
-           mask_batch=1, scale="multiply", const="0.25", form="torch"), DECLINED_RANK),
+           mask_batch=1, scale="multiply", const="0.25", form="torch"), attention.FLASH),
     (_case("float64", B=1, H=3, KVH=3, D=80, SQ=7, SK=31, kv="mha", mask="random", empty=1,
            fill="min", scale="multiply", const="2.0", form="folded"),
      "flash attention declined: flash attention is float32; the operands are ['float64']"),
-    # MQA broadcast inside torch.export's views: K's views hide the transpose from the pass
+    # MQA broadcast inside torch.export's views: the one head read unrepeated
     (_case("float32", B=2, H=3, KVH=1, D=64, SQ=5, SK=9, kv="broadcast", mask="none",
-           scale="multiply", const="0.125", form="torch"), attention.NOT_MATCHED),
+           scale="multiply", const="0.125", form="torch"), attention.FLASH),
 ]
 
 

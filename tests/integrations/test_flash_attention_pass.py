@@ -16,6 +16,7 @@ from conftest import TARGET, device, rel_err
 from test_hf_models import _compile_and_run
 
 HEADS, DIM = 3, 16
+GQA_HEADS, KV_HEADS = 6, 2
 
 
 class Attention(torch.nn.Module):
@@ -45,6 +46,45 @@ class Attention(torch.nn.Module):
             scores = scores + torch.arange(s, dtype=x.dtype).reshape(1, 1, s, 1) / s
         out = torch.matmul(torch.softmax(scores, dim=-1), v)
         return out.reshape(1, HEADS, s, DIM).transpose(1, 2).reshape(1, s, HEADS * DIM)
+
+
+class GroupedAttention(torch.nn.Module):
+    """Grouped-query attention as HF's eager Llama writes it: ``KV_HEADS`` heads of keys and
+    values repeated for the ``GQA_HEADS`` query heads (``repeat_kv``), a causal mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(DIM, GQA_HEADS * DIM)
+        self.kv = torch.nn.Linear(DIM, 2 * KV_HEADS * DIM)
+
+    @staticmethod
+    def repeat_kv(x):
+        b, kvh, s, d = x.shape
+        rep = GQA_HEADS // KV_HEADS
+        return x[:, :, None, :, :].expand(b, kvh, rep, s, d).reshape(b, kvh * rep, s, d)
+
+    def forward(self, x):
+        s = x.shape[1]
+        q = self.q(x).reshape(1, s, GQA_HEADS, DIM).transpose(1, 2)
+        k, v = (t.reshape(1, s, KV_HEADS, DIM).transpose(1, 2) for t in self.kv(x).chunk(2, -1))
+        k, v = self.repeat_kv(k), self.repeat_kv(v)
+        mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None]
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(DIM) + mask
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return out.transpose(1, 2).reshape(1, s, GQA_HEADS * DIM)
+
+
+@pytest.mark.parametrize("s", [1, 23])
+def test_grouped_query_attention_reads_each_kv_head_once(s):
+    """HF's ``repeat_kv`` form is one flash kernel over the unrepeated kv heads."""
+    torch.manual_seed(1)
+    chains = []
+    out, ref, report = _compile_and_run(GroupedAttention().eval(), torch.randn(1, s, DIM),
+                                        chains=chains)
+    assert rel_err(out, ref) <= 1e-5
+    assert [c["reason"] for c in chains] == ["flash attention kernel"], chains
+    kernel = next(e for e in report if e["kind"] == "flash-attention")
+    assert kernel["bound_s"] > 0
 
 
 def _compile(form: str, s: int):

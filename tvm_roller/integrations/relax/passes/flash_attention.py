@@ -5,7 +5,9 @@ Found in a dataflow block as HF's eager attention imports: ``matmul(Q, permute_d
 optionally a multiply or divide by a scalar constant and an add of a bias (a mask), a softmax
 over the last axis (an ``astype`` to float32 around it is no change for float32), and
 ``matmul(·, V)``, each intermediate used only by the next. Rank-3 operands (heads folded into
-the batch) are viewed as rank 4. What does not fit (another dtype, a bias over the keys' axis
+the batch) are viewed as rank 4; keys and values repeated over a group's query heads (HF's
+``repeat_kv``, grouped-query attention; one head broadcast by the matmul, multi-query) are
+read unrepeated, once per kv head. What does not fit (another dtype, a bias over the keys' axis
 broadcast, different head sizes for K and V) is left to the matmul-chain fusion, with the
 reason in ``chains``. Each kernel is a report entry with its tiles and roofline bound.
 """
@@ -35,7 +37,7 @@ logger = logging.getLogger("tvm_roller")
 
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in
         ("matmul", "permute_dims", "multiply", "divide", "add", "nn.softmax", "astype",
-         "reshape", "broadcast_to")}
+         "reshape", "broadcast_to", "expand_dims")}
 
 
 @dataclass
@@ -96,6 +98,30 @@ class _Finder:
             expr = call.args[0]
         return expr
 
+    def unrepeated(self, expr):
+        """``expr`` before what repeats a kv head's keys or values for each query head of its
+        group, since the kernel reads a group's kv head itself: HF's ``repeat_kv``
+        (``expand_dims`` at axis 2, ``broadcast_to``, then the reshape ``through`` saw as a
+        batch view), or one head broadcast over the heads (multi-query attention left to the
+        matmul's broadcast); else ``expr``."""
+        wide = _call(self.defs, expr, "broadcast_to")
+        if wide is None:
+            return expr
+        src, dims = wide.args[0], _dims(expr)
+        a = _dims(src)
+        if a is not None and dims is not None and len(a) == len(dims) == 4 \
+                and _int(a[1]) == 1 and all(_same(a[i], dims[i]) for i in (0, 2, 3)):
+            return src
+        unit = _call(self.defs, src, "expand_dims")
+        if unit is None or [int(x) for x in unit.attrs.axis] != [2]:
+            return expr
+        src = unit.args[0]
+        a = _dims(src)
+        if a is None or dims is None or len(a) != 4 or len(dims) != 5 \
+                or not all(_same(x, y) for x, y in zip(a, dims[:2] + dims[3:])):
+            return expr
+        return src
+
     def match(self, value: relax.Call) -> Optional[_Match]:
         p, v = value.args
         p = self.through(p, True)
@@ -127,13 +153,14 @@ class _Finder:
         mm = _call(self.defs, x, "matmul")
         if mm is None or not self.only_user(x):
             return None
-        q, kt = (self.through(a, False) for a in mm.args)
+        q, kt = self.through(mm.args[0], False), self.unrepeated(self.through(mm.args[1], False))
         perm = _call(self.defs, kt, "permute_dims")
         rank = len(_dims(kt) or [])
         if perm is None or rank < 3 or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] \
                 != list(range(rank - 2)) + [rank - 1, rank - 2]:
             return None
-        return _Match(q, self.through(perm.args[0], False), self.through(v, False), bias, scale)
+        k, v = (self.unrepeated(self.through(e, False)) for e in (perm.args[0], v))
+        return _Match(q, k, v, bias, scale)
 
 
 def _batch_view(src, dst, reshape: bool) -> bool:
