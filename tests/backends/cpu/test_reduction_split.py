@@ -4,6 +4,8 @@ columns): split into an aligned, vectorized main part and a tail that continues 
 one. Compared with float64 references at 1, prime and odd sizes."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -144,3 +146,43 @@ def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
     if epilogue:
         ref = ref / (1 + np.exp(-ref))
     np.testing.assert_allclose(got.numpy()[0, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 64, 56, 56), 1), ((1, 6, 13, 17), 1),
+                                          ((2, 8, 7, 9), 2)])
+def test_group_norm_statistics_split_over_the_cores(shape, groups):
+    """A group norm over fewer groups than cores (PoolFormer's GroupNorm(1, C)): its two
+    statistics (sum and sum of squares, one tuple reduction over C/G x H x W) are split over the
+    cores and vectorized when the reduction divides into whole vectors per core, not one scalar
+    loop; exact against float64 at primes and odd sizes too."""
+    from tvm import relax
+
+    from tvm_roller.planner import Context, ScheduleOptions, schedule_function
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    g, b = (relax.Var(n, relax.TensorType((shape[1],), "float32")) for n in "gb")
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.group_norm(x, g, b, num_groups=groups,
+                                                      channel_axis=1, axes=[2, 3]))
+        bb.emit_func_output(y)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    func = next(f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    dev = dataclasses.replace(device(), num_units=2)  # pinned: 2 cores, 16 float32 lanes
+    res = schedule_function(func, Context.make(TARGET, dev), "group_norm", ScheduleOptions(),
+                            True)
+    assert res.entry.status == "roller", res.entry.reason
+    per_group = shape[1] // groups * shape[2] * shape[3]
+    if groups < 2 and per_group % (2 * 16) == 0:
+        script = res.kernel.script()
+        assert "_rf_rf" in script and "T.parallel(T.int64(2))" in script
+    rng = np.random.default_rng(sum(shape))
+    xs = rng.uniform(-1, 3, shape).astype("float32")
+    gs, bs = (rng.uniform(0.5, 1.5, shape[1]).astype("float32") for _ in range(2))
+    out = tvm.runtime.empty(shape, "float32", tvm.cpu())
+    res.executable["main"](*(tvm.runtime.tensor(a) for a in (xs, gs, bs)), out)
+    x64 = xs.astype("f8").reshape(shape[0], groups, -1)
+    norm = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    ref = norm.reshape(shape) * gs[None, :, None, None] + bs[None, :, None, None]
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -279,9 +279,28 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int, cores: int) -> Non
     """A stage left at the root: a reduction over rows reads its spatial axis contiguously
     (vectorized, the reduction loop outside it, parallel over spatial chunks); anything else
     is parallelized and vectorized on its own."""
-    if is_reduction(sch, block) and _reduce_columns(sch, block, lanes, cores):
+    if is_reduction(sch, block) and (_reduce_columns(sch, block, lanes, cores)
+                                     or _reduce_to_few(sch, block, lanes, cores)):
         return
     parallel_vectorize_block(sch, block, lanes, cores, partition=True)
+
+
+def _reduce_to_few(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
+    """A reduction to fewer values than cores (a group norm's statistics over one group):
+    its reduction split over the cores and vectorized (``rfactor_vectorize_reduction``), when
+    that schedules it (a trial on a copy first); else False, the schedule untouched."""
+    outputs = 1
+    for iv in sch.get(block).iter_vars:
+        if iv.iter_type == 0:
+            outputs *= _iv_extent(iv) or cores
+    if outputs >= cores:
+        return False
+    trial = sch.copy()
+    if not attempt(rfactor_vectorize_reduction, trial,
+                   trial.get_sblock(sch.get(block).name_hint), lanes, split_cores=cores):
+        return False
+    rfactor_vectorize_reduction(sch, block, lanes, split_cores=cores)
+    return True
 
 
 def _reduce_columns(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
