@@ -149,12 +149,14 @@ def test_rows_of_dot_products_are_vectorized_and_exact(rows, k, epilogue):
 
 
 @pytest.mark.parametrize("shape,groups", [((1, 64, 56, 56), 1), ((1, 6, 13, 17), 1),
-                                          ((2, 8, 7, 9), 2)])
+                                          ((2, 8, 7, 9), 2), ((8, 16, 7, 32), 1),
+                                          ((3, 6, 5, 7), 3)])
 def test_group_norm_statistics_split_over_the_cores(shape, groups):
-    """A group norm over fewer groups than cores (PoolFormer's GroupNorm(1, C)): its two
-    statistics (sum and sum of squares, one tuple reduction over C/G x H x W) are split over the
-    cores and vectorized when the reduction divides into whole vectors per core, not one scalar
-    loop; exact against float64 at primes and odd sizes too."""
+    """A group norm's two statistics (sum and sum of squares, one tuple reduction over
+    C/G x H x W per group): over fewer groups than cores (PoolFormer's GroupNorm(1, C)) each
+    reduction is split over the cores and vectorized, over more (a batch of 8) the groups run
+    over the cores, each through vector partial sums, when the reduction is whole vectors; not
+    one scalar loop. Exact against float64 at primes and odd sizes too."""
     from tvm import relax
 
     from tvm_roller.planner import Context, ScheduleOptions, schedule_function
@@ -174,9 +176,12 @@ def test_group_norm_statistics_split_over_the_cores(shape, groups):
                             True)
     assert res.entry.status == "roller", res.entry.reason
     per_group = shape[1] // groups * shape[2] * shape[3]
-    if groups < 2 and per_group % (2 * 16) == 0:
-        script = res.kernel.script()
+    script = res.kernel.script()
+    rows = shape[0] * groups
+    if rows < 2 and per_group % (2 * 16) == 0:
         assert "_rf_rf" in script and "T.parallel(T.int64(2))" in script
+    elif rows >= 2 and per_group % 16 == 0:
+        assert "x_red_temp_rf" in script and f"T.parallel(T.int64({rows}))" in script
     rng = np.random.default_rng(sum(shape))
     xs = rng.uniform(-1, 3, shape).astype("float32")
     gs, bs = (rng.uniform(0.5, 1.5, shape[1]).astype("float32") for _ in range(2))

@@ -280,7 +280,8 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int, cores: int) -> Non
     (vectorized, the reduction loop outside it, parallel over spatial chunks); anything else
     is parallelized and vectorized on its own."""
     if is_reduction(sch, block) and (_reduce_columns(sch, block, lanes, cores)
-                                     or _reduce_to_few(sch, block, lanes, cores)):
+                                     or _reduce_to_few(sch, block, lanes, cores)
+                                     or _reduce_rows(sch, block, lanes, cores)):
         return
     parallel_vectorize_block(sch, block, lanes, cores, partition=True)
 
@@ -301,6 +302,30 @@ def _reduce_to_few(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
         return False
     rfactor_vectorize_reduction(sch, block, lanes, split_cores=cores)
     return True
+
+
+def _reduce_rows(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
+    """A reduction to at least as many values as cores, each over a row of whole vectors (a
+    group norm's statistics at batch 8): the rows over the cores, each row through
+    ``lanes``-wide partial sums; a trial on a copy first, else False (untouched)."""
+    trial = sch.copy()
+    if not attempt(_parallel_vector_rows, trial, trial.get_sblock(sch.get(block).name_hint),
+                   lanes, cores):
+        return False
+    _parallel_vector_rows(sch, block, lanes, cores)
+    return True
+
+
+def _parallel_vector_rows(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
+    name = sch.get(block).name_hint
+    spatial = sum(1 for iv in sch.get(block).iter_vars if iv.iter_type == 0)
+    rfactor_vectorize_reduction(sch, block, lanes, lanes_last=True)
+    rf = sch.get_sblock(f"{name}_rf")  # (raises when the rows were not whole vectors)
+    rows = sch.get_loops(rf)[:spatial]
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if (extent(sch, row) or 0) < cores:
+        raise ValueError("fewer rows than cores")
+    sch.parallel(row)
 
 
 def _reduce_columns(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
