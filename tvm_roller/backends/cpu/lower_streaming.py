@@ -277,42 +277,33 @@ def _stages_at_root(sch: s_tir.Schedule, stages: List[str], out_name: str,
 
 def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int, cores: int) -> None:
     """A stage left at the root: a reduction over rows reads its spatial axis contiguously
-    (vectorized, the reduction loop outside it, parallel over spatial chunks); anything else
-    is parallelized and vectorized on its own."""
+    (vectorized, the reduction loop outside it, parallel over spatial chunks), else its rows
+    are reduced in whole vectors (``_reduce_rows``); anything else is parallelized and
+    vectorized on its own."""
     if is_reduction(sch, block) and (_reduce_columns(sch, block, lanes, cores)
-                                     or _reduce_to_few(sch, block, lanes, cores)
                                      or _reduce_rows(sch, block, lanes, cores)):
         return
     parallel_vectorize_block(sch, block, lanes, cores, partition=True)
 
 
-def _reduce_to_few(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
-    """A reduction to fewer values than cores (a group norm's statistics over one group):
-    its reduction split over the cores and vectorized (``rfactor_vectorize_reduction``), when
-    that schedules it (a trial on a copy first); else False, the schedule untouched."""
-    outputs = 1
+def _reduce_rows(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
+    """A reduction's rows in whole vectors (a group norm's statistics): fewer rows than cores
+    (one group) each split over the cores, else the rows over the cores (a batch of 8), each
+    through ``lanes``-wide partial sums. Tried on a copy first: False, the schedule untouched,
+    when the rows are not whole vectors."""
+    rows = 1
     for iv in sch.get(block).iter_vars:
         if iv.iter_type == 0:
-            outputs *= _iv_extent(iv) or cores
-    if outputs >= cores:
-        return False
+            rows *= _iv_extent(iv) or cores
     trial = sch.copy()
-    if not attempt(rfactor_vectorize_reduction, trial,
-                   trial.get_sblock(sch.get(block).name_hint), lanes, split_cores=cores):
+    name = sch.get(block).name_hint
+    if rows < cores:
+        apply, kwargs = rfactor_vectorize_reduction, {"split_cores": cores}
+    else:
+        apply, kwargs = _parallel_vector_rows, {"cores": cores}
+    if not attempt(apply, trial, trial.get_sblock(name), lanes, **kwargs):
         return False
-    rfactor_vectorize_reduction(sch, block, lanes, split_cores=cores)
-    return True
-
-
-def _reduce_rows(sch: s_tir.Schedule, block, lanes: int, cores: int) -> bool:
-    """A reduction to at least as many values as cores, each over a row of whole vectors (a
-    group norm's statistics at batch 8): the rows over the cores, each row through
-    ``lanes``-wide partial sums; a trial on a copy first, else False (untouched)."""
-    trial = sch.copy()
-    if not attempt(_parallel_vector_rows, trial, trial.get_sblock(sch.get(block).name_hint),
-                   lanes, cores):
-        return False
-    _parallel_vector_rows(sch, block, lanes, cores)
+    apply(sch, block, lanes, **kwargs)
     return True
 
 
