@@ -18,10 +18,16 @@ README = HERE / "README.md"
 # onnxruntime: the peer the harness's model contest times (tests/harness/test_bench_contest.py).
 # pytest-xdist: the test command runs two workers, one test file each at a time (-n 2 --dist
 # loadfile: a file's module fixtures are built once).
+# serve: `tvm-roller serve`, an OpenAI-compatible server (FastAPI under uvicorn, Prometheus
+# metrics); it loads a model directory with transformers (and its tokenizer) into torch. Its tests
+# drive it with the official openai client and raw httpx requests.
+SERVE_EXTRAS = ["fastapi", "uvicorn", "prometheus_client", "torch==2.13.0",
+                "transformers==5.24.0"]
 TEST_EXTRAS = ["pytest", "pytest-xdist", "import-linter==2.17", "torch==2.13.0",
                "transformers==5.24.0", "onnxruntime",
                "matplotlib", "nbclient", "nbformat", "ipykernel",
-               "pandas"]  # MetaSchedule prints its progress table with pandas inside Jupyter
+               "pandas",  # MetaSchedule prints its progress table with pandas inside Jupyter
+               "fastapi", "uvicorn", "prometheus_client", "openai", "httpx"]
 
 setup(
     name="tvm-roller",
@@ -48,7 +54,8 @@ setup(
         "cloudpickle",  # ditto
         "tqdm",
     ],
-    extras_require={"test": list(TEST_EXTRAS), "bench": list(TEST_EXTRAS)},
+    extras_require={"test": list(TEST_EXTRAS), "bench": list(TEST_EXTRAS),
+                    "serve": list(SERVE_EXTRAS)},
     entry_points={"console_scripts": ["tvm-roller=tvm_roller.tools.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",

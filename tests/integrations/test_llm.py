@@ -144,6 +144,21 @@ def test_stream_eos_and_sampling(llama_lm):
     assert lm.generate(ids, 0).tolist() == ids.tolist()
 
 
+@pytest.mark.parametrize("min_new", [0, 1, 4])
+def test_min_new_tokens_masks_eos_as_hf_does(llama_lm, min_new):
+    """``stream(min_new_tokens=k)``: no eos among the first k tokens (HF's ``min_new_tokens``);
+    the eos here is the greedy first token, so without the mask generation ends at once."""
+    model, lm = llama_lm
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(11))
+    eos = lm.generate(ids, 1)[0, -1].item()
+    ours = list(lm.stream(ids, 12, eos, min_new_tokens=min_new))
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=12, min_new_tokens=min_new, eos_token_id=eos,
+                             pad_token_id=0, do_sample=False)[0, 6:].tolist()
+    assert ours == ref and eos not in ours[:min_new]
+    assert (ours == [eos]) == (min_new == 0)
+
+
 def test_bad_input_is_a_clear_error_before_work(llama_lm):
     _, lm = llama_lm
     with pytest.raises(ValueError, match="max_seq_len"):

@@ -1,5 +1,5 @@
 """``tvm-roller`` command line: ``suite``, ``calibrate``, ``explain``, ``compile-model``,
-``profile-model``, ``costcheck``, ``generate``.
+``profile-model``, ``costcheck``, ``generate``, ``serve``.
 
 Heavy imports (tvm, torch, roller itself) happen inside the subcommands so ``--help`` is instant.
 """
@@ -201,17 +201,44 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     """Compile a causal LM with tvm_roller.llm (MODEL: a named configuration with random
     weights, qwen2-0.5b, llama-3.2-1b or tiny, or a local HuggingFace directory), generate
     new tokens after a prompt of token ids with a progress bar, and print prefill and decode
-    tokens per second."""
-    from tvm_roller.tools.generate import format_result, generate
+    tokens per second. With --prompt TEXT (a model directory: its tokenizer, and with --chat
+    its chat template) the text is printed as it streams, stopping at the eos token."""
+    from tvm_roller.tools.generate import format_result, generate, generate_text
 
-    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else None
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p)
+    if args.prompt is not None:
+        if args.prompt_ids:
+            raise ValueError("--prompt and --prompt-ids: give one")
+        generate_text(args.model, args.prompt, args.chat, args.new_tokens, args.max_seq_len,
+                      args.weights, args.seed, cache=not args.no_cache, stop=args.stop or (),
+                      **sampling)
+        return 0
+    if args.chat:
+        raise ValueError("--chat needs --prompt")
+    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else None
     result = generate(args.model, prompt, args.prompt_len, args.new_tokens, args.max_seq_len,
                       args.seed, progress=not args.no_progress, cache=not args.no_cache,
-                      **sampling)
+                      weights=args.weights, **sampling)
     print(format_result(result))
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a local HuggingFace model directory over an OpenAI-compatible HTTP API
+    (/v1/models, /v1/completions, /v1/chat/completions with streaming, /health, /metrics),
+    compiled once (or loaded from the module cache) before it listens. One sequence at a
+    time; up to --max-queue requests wait, more get a 429. Needs the [serve] extra."""
+    import os
+
+    try:
+        from tvm_roller.tools.serve.runner import ServeConfig, serve
+    except ImportError as e:
+        raise ValueError(f"{e.name or e} is missing: pip install 'tvm-roller[serve]'") from None
+    api_key = args.api_key or os.environ.get("TVM_ROLLER_API_KEY") or None
+    return serve(ServeConfig(args.model, args.weights, args.host, args.port, args.max_queue,
+                             api_key, args.max_seq_len, args.model_name,
+                             cache=not args.no_cache))
 
 
 def _described(cmd) -> str:
@@ -225,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="ROLLER-style constructed schedules for Apache TVM 0.27 (no search).")
     sub = ap.add_subparsers(dest="cmd",
                             metavar="{suite,calibrate,explain,compile-model,profile-model,"
-                                    "costcheck,generate}")
+                                    "costcheck,generate,serve}")
     sub.required = True
 
     s = sub.add_parser("suite", help="run the 52-workload single-op suite against its peers",
@@ -322,11 +349,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description=_described(_cmd_generate))
     g.add_argument("model", help="qwen2-0.5b, llama-3.2-1b, tiny, or a local HF directory")
     g.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids")
+    g.add_argument("--prompt", default=None,
+                   help="a text prompt (MODEL a directory with a tokenizer): the text streams")
+    g.add_argument("--chat", action="store_true",
+                   help="with --prompt: send it as a user message through the chat template")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="with --prompt: stop before this text (repeatable)")
+    g.add_argument("--weights", default="fp32", choices=["fp32", "int8", "int4"],
+                   help="weight format of the linear layers and embeddings (default fp32)")
     g.add_argument("--prompt-len", type=int, default=16,
                    help="random prompt length when no ids are given (default 16)")
     g.add_argument("--new-tokens", type=int, default=32, help="new tokens (default 32)")
     g.add_argument("--max-seq-len", type=int, default=None,
-                   help="the cache's length (default: prompt + new tokens)")
+                   help="the cache's length (default: prompt + new tokens; with --prompt the "
+                        "model's context, at most 2048)")
     g.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=50)
@@ -335,6 +371,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
     g.set_defaults(fn=_cmd_generate)
+
+    v = sub.add_parser("serve", help="serve a model directory over an OpenAI-compatible API",
+                       description=_described(_cmd_serve))
+    v.add_argument("model", help="a local HuggingFace model directory (weights and tokenizer)")
+    v.add_argument("--weights", default="fp32", choices=["fp32", "int8", "int4"],
+                   help="weight format of the linear layers and embeddings (default fp32)")
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    v.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    v.add_argument("--max-queue", type=int, default=32,
+                   help="requests that may wait beside the one generating; more get a 429 "
+                        "(default 32)")
+    v.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                        "$TVM_ROLLER_API_KEY, else none)")
+    v.add_argument("--max-seq-len", type=int, default=None,
+                   help="the context: prompt + new tokens (default: the model's, at most 2048)")
+    v.add_argument("--model-name", default=None,
+                   help="the model id clients send (default: the directory's name)")
+    v.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
+    v.set_defaults(fn=_cmd_serve)
     return ap
 
 

@@ -5,12 +5,17 @@
     for token in lm.stream(input_ids, 64, do_sample=True, top_p=0.9, seed=0): ...
     lm.stats                                             # prefill / decode seconds and tokens
 
+    lm = tvm_roller.llm.load("path/to/model", max_seq_len=512)   # the model and its tokenizer
+    lm.generate_text("Once upon a time", max_tokens=32).text
+    for chunk in lm.stream_text([{"role": "user", "content": "Hi"}], 32): print(chunk.text)
+
 Batch 1. The key/value cache is two buffers of ``max_seq_len`` positions, written in place
 (``export``): a decode step reads the weights and the cache once and writes one position.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import os
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import tvm
@@ -21,14 +26,15 @@ from tvm_roller.integrations.llm.bounds import one_row_bounds
 from tvm_roller.integrations.llm.export import TESTED_FAMILIES, export_lm
 from tvm_roller.integrations.llm.lm import CausalLM, GenerationStats
 from tvm_roller.integrations.llm.sampling import Sampling
+from tvm_roller.integrations.llm.text import TextChunk, TextResult, TextStream, TextTokenizer
 from tvm_roller.integrations.relax import compile as relax_compile
 from tvm_roller.integrations.relax.passes.quantize_weights import check_target
 from tvm_roller.integrations.relax.passes.schedule import relax_context
 from tvm_roller.integrations.relax.passes.shape_bounds import module_bounds
 from tvm_roller.planner import UNSET
 
-__all__ = ["compile", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
-           "TESTED_FAMILIES"]
+__all__ = ["compile", "load", "CausalLM", "GenerationStats", "Sampling", "CacheLayout",
+           "TESTED_FAMILIES", "TextTokenizer", "TextStream", "TextChunk", "TextResult"]
 
 
 def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
@@ -46,7 +52,7 @@ def length_buckets(mod: tvm.IRModule, max_seq_len: int) -> Dict[str, List[int]]:
 
 def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
             weights: str = "fp32", device: Optional[DeviceModel] = None,
-            cache=UNSET) -> CausalLM:
+            cache=UNSET, tokenizer=None) -> CausalLM:
     """``model`` (a transformers ``*ForCausalLM``) compiled for generation on ``target``
     (None: this machine). ``weights``: "fp32", or "int8" / "int4": the linear layers' and
     embeddings' weights quantized in groups of 32 (the fp32 tensors are not kept; a weight a
@@ -56,7 +62,9 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     ``UnsupportedError``). An architecture torch.export or the importer cannot take is an
     ``UnsupportedError`` naming the step. ``target`` may be a
     :class:`~tvm_roller.planner.Context` (its options: ``cache`` given here changes it);
-    ``cache``: as in :func:`tvm_roller.relax.compile` (False: nothing read or written)."""
+    ``cache``: as in :func:`tvm_roller.relax.compile` (False: nothing read or written).
+    ``tokenizer`` (a transformers tokenizer or a ``TextTokenizer``): for ``generate_text`` /
+    ``stream_text``; generation ends at its eos token and the model's generation config's."""
     if max_seq_len < 3:
         raise ValueError(f"max_seq_len must be >= 3, got {max_seq_len}")
     # the one Context (the target normalised once) of both the checks and the compile
@@ -71,6 +79,38 @@ def compile(model, target=None, max_seq_len: int = 2048,  # noqa: A001
     # the weights as torch holds them (no copy: decode reads them in place) and prefill's
     # transposes made from them once
     raw = [tvm.runtime.tensor(w, dev) if isinstance(w, np.ndarray)  # packed: a copy, aligned
-           else tvm.runtime.from_dlpack(w.contiguous()) for w in lm.weights]
+           else tvm.runtime.from_dlpack(_aligned(w.contiguous())) for w in lm.weights]
     prepared = list(vm["prefill_transform_params"](raw))
-    return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, dev, report)
+    text = None if tokenizer is None else TextTokenizer.wrap(tokenizer, _eos_ids(model))
+    return CausalLM(vm, prepared, raw, lm.cache, lm.vocab, max_seq_len, dev, report,
+                    tokenizer=text)
+
+
+def load(path: Union[str, os.PathLike], max_seq_len: Optional[int] = None,
+         weights: str = "fp32", target=None, cache=UNSET) -> CausalLM:
+    """A local HuggingFace model directory (config, weights, tokenizer: nothing downloaded)
+    compiled with its tokenizer, as ``compile`` does. ``max_seq_len``: the context (prompt and
+    new tokens; default the model's ``max_position_embeddings``, at most 2048)."""
+    import transformers
+
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: not a model directory")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    if max_seq_len is None:
+        max_seq_len = min(int(getattr(model.config, "max_position_embeddings", 2048)), 2048)
+    return compile(model, target, max_seq_len, weights, cache=cache, tokenizer=tokenizer)
+
+
+def _eos_ids(model) -> List[int]:
+    """The model's generation config's eos ids (an int, a list or None)."""
+    config = getattr(model, "generation_config", None) or getattr(model, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    return [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def _aligned(w):
+    """``w``, or a copy of it where its data does not start on 64 bytes (TVM's tensors must):
+    a model read from safetensors holds views into the mapped file at any offset (torch's own
+    allocations are aligned, so they stay shared)."""
+    return w if w.data_ptr() % 64 == 0 else w.clone()

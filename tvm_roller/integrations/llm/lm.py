@@ -10,6 +10,7 @@ import tvm
 
 from tvm_roller.backends.cpu.kv_cache import CacheLayout
 from tvm_roller.integrations.llm.sampling import Sampling, TokenPicker
+from tvm_roller.integrations.llm.text import Prompt, TextResult, TextStream, TextTokenizer
 
 
 @dataclass
@@ -33,7 +34,8 @@ class GenerationStats:
 @dataclass
 class CausalLM:
     """A compiled causal LM: ``generate`` (a ``[1, n + k]`` tensor) and ``stream`` (token ids as
-    they come). ``report``: one entry per PrimFunc of both functions (``relax.compile``'s)."""
+    they come); with a ``tokenizer``, ``generate_text`` and ``stream_text``. ``report``: one
+    entry per PrimFunc of both functions (``relax.compile``'s)."""
 
     vm: tvm.relax.VirtualMachine
     weights: List[tvm.runtime.Tensor]  # prefill's (its transposes)
@@ -44,6 +46,7 @@ class CausalLM:
     device: tvm.runtime.Device  # where the VM runs (the target's device)
     report: list = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    tokenizer: Optional[TextTokenizer] = None
     _buffers: Optional[tuple] = field(default=None, repr=False)
 
     def buffers(self) -> tuple:
@@ -74,13 +77,37 @@ class CausalLM:
     def stream(self, input_ids, max_new_tokens: int = 20,
                eos_token_id: Union[None, int, Sequence[int]] = None, *,
                do_sample: bool = False, temperature: float = 1.0, top_k: int = 50,
-               top_p: float = 1.0, seed: Optional[int] = None) -> Iterator[int]:
-        """The new token ids one by one, as ``generate`` makes them (a generator)."""
+               top_p: float = 1.0, seed: Optional[int] = None,
+               min_new_tokens: int = 0) -> Iterator[int]:
+        """The new token ids one by one, as ``generate`` makes them (a generator: ``close()``
+        stops it before the next step). ``min_new_tokens``: no ``eos_token_id`` is picked
+        before that many tokens (HF's ``min_new_tokens``)."""
         prompt = self._prompt(input_ids, max_new_tokens)
         pick = TokenPicker(Sampling(do_sample, temperature, top_k, top_p, seed))
         stops = _stop_set(eos_token_id)
         self.stats = GenerationStats()
-        return self._tokens(prompt, max_new_tokens, pick, stops)
+        return self._tokens(prompt, max_new_tokens, pick, stops, max(0, min_new_tokens))
+
+    def stream_text(self, prompt: Prompt, max_tokens: int = 16, *, stop: Sequence[str] = (),
+                    ignore_eos: bool = False, min_tokens: int = 0,
+                    **sampling) -> TextStream:
+        """Text as it is generated (needs ``tokenizer``): ``prompt`` is text, chat messages
+        (``[{"role", "content"}]``, through the chat template) or token ids; up to
+        ``max_tokens`` tokens, ending at an eos token (none with ``ignore_eos``; none before
+        ``min_tokens``) or before the first of the ``stop`` strings. ``sampling``: as
+        ``stream``'s (greedy by default). A ``TextStream`` of ``TextChunk``s."""
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer: compile with tokenizer=..., or llm.load(directory)")
+        ids = self.tokenizer.prompt_ids(prompt)
+        eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
+        tokens = self.stream(np.array([ids], dtype="int64"), max_tokens, sorted(eos),
+                             min_new_tokens=min_tokens, **sampling)
+        return TextStream(tokens, self.tokenizer, len(ids), max_tokens, stop, eos, min_tokens,
+                          self.stats)
+
+    def generate_text(self, prompt: Prompt, max_tokens: int = 16, **options) -> TextResult:
+        """``stream_text``'s whole generation: the text, the token ids, why it ended, timings."""
+        return self.stream_text(prompt, max_tokens, **options).result()
 
     def logits(self, input_ids) -> np.ndarray:
         """Teacher-forced next-token logits at every position of ``input_ids`` (``[1, n]``), as
@@ -100,9 +127,10 @@ class CausalLM:
                                  marker._create_view((length,)), *self.decode_weights)[0]
 
     def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
-                stops: set) -> Iterator[int]:
+                stops: set, min_new: int = 0) -> Iterator[int]:
         if max_new_tokens == 0:
             return
+        banned = sorted(stops)  # eos may not be picked while fewer than min_new tokens came
         keys, values, _ = self.buffers()
         t0 = time.perf_counter()
         if prompt.shape[1] == 1:  # one position: a decode step from an empty cache
@@ -110,15 +138,16 @@ class CausalLM:
         else:
             logits = self.vm["prefill"](tvm.runtime.tensor(prompt, self.device), keys, values,
                                         *self.weights)[0]
-        token = pick(logits.numpy())
+        token = pick(logits.numpy(), banned if min_new > 0 else ())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
         yield token
-        for length in range(prompt.shape[1] + 1, prompt.shape[1] + max_new_tokens):
+        for new, length in enumerate(range(prompt.shape[1] + 1,
+                                           prompt.shape[1] + max_new_tokens), start=1):
             if token in stops:
                 return
             t0 = time.perf_counter()
             logits = self._decode(np.array([[token]], dtype="int64"), length)
-            token = pick(logits.numpy())
+            token = pick(logits.numpy(), banned if new < min_new else ())
             self.stats.decode_s += time.perf_counter() - t0
             self.stats.decode_tokens += 1
             yield token

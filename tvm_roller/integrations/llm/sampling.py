@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -36,9 +36,13 @@ class TokenPicker:
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, banned: Sequence[int] = ()) -> int:
+        """``banned``: ids never picked (their logits -inf: eos before ``min_new_tokens``)."""
         s = self.sampling
         row = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if len(banned):
+            row = row.copy()
+            row[list(banned)] = -np.inf
         if not s.do_sample:
             return int(np.argmax(row))
         row = row / s.temperature
