@@ -65,9 +65,10 @@ def test_llama_one_compile_serves_every_length():
     MLP, causal mask), lengths 1..512 from one compile."""
     model, ids = hf_models.llama("small", 32)
     vm, report = _compile(model, ids, 512, cache=False)
-    # (the attention is one flash-attention kernel for every length, not bucketed)
+    # (the attention is one flash-attention kernel for every length, not bucketed; reshapes
+    # are views and residual sums run in their matmuls: no kernels of their own)
     assert any(e["kind"] == "flash-attention" for e in report)
-    bucketed = _check_report(report, at_least=35)
+    bucketed = _check_report(report, at_least=20)
     matmuls = [e for e in bucketed if e["name"].startswith("matmul")]
     assert matmuls and all(len(e["buckets"]) > 1 for e in matmuls)
     _check_lengths(vm, model, 1000, (1, 7, 32, 128))
@@ -76,7 +77,7 @@ def test_llama_one_compile_serves_every_length():
 def test_gpt2_small_dynamic_and_module_cache_hit():
     model, ids = hf_models.gpt2("small", 16)
     vm, report = _compile(model, ids, 256)
-    _check_report(report, at_least=30)
+    _check_report(report, at_least=20)
     _check_lengths(vm, model, 1000, (1, 5, 100, 256))
     # a second compile of the same model is a load, its report still lists the buckets
     _, again = _compile(model, ids, 256)

@@ -59,9 +59,10 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
         if gemm_chains else []
     group = [relax.transform.FoldConstant(), group_chains_pass(device, chains)] \
         if gemm_chains else []
+    # (reshapes sink after the convolutions become GEMMs: each GEMM ends in one)
     return tvm.transform.Sequential([bound_shapes_pass(), workarounds_pass(), inference_pass(),
-                                     sink_reshape_pass(),
                                      conv_layout_pass(conv_layouts), conv_gemm_pass(),
+                                     sink_reshape_pass(),
                                      accumulate_f32_pass(), norms_in_dtype_pass()]
                                     + flash + fast + group + [
         relax.transform.LegalizeOps(fm.legalize_map() if fast_math else None),
@@ -107,6 +108,9 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(ctx.fast_math, ctx.fuse_chains, ctx.device,
                                  chains, ctx.conv_layouts, report),
+                   # a lone reshape becomes a view before roller would schedule it as a copy
+                   # (TVM's dataflow lowering recognises only unscheduled reshapes)
+                   relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination(),
                    mark_constant_operands(), roller, fold_packing(report)]
                 + ctx.backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)

@@ -4,11 +4,15 @@ AMX multiplies 16-row tiles of contiguous reduction elements; a convolution redu
 window and the input channels (three axes), which no tile product takes directly. A bf16 / int8
 ``conv2d`` in NHWC / HWIO (``conv_layout`` puts them there), one group, no dilation, becomes
 
-    cols[b, i, j, kh, kw, c] = x[b, i·s + kh − p, j·s + kw − p, c]     (0 in the padding)
+    xp   = pad(x)                                               (when the window pads)
+    cols[b, i, j, kh, u] = xp[b, i·s + kh, j·s + u // C, u % C]   (u < KW·C)
     y = reshape(matmul(reshape(cols, [N·OH·OW, KH·KW·C]), reshape(w, [KH·KW·C, CO])))
 
 — a 1×1 stride-1 convolution is a reshape and a matmul. The window copy (``cols``) is one
-memory-bound kernel; the GEMM is roller's AMX kernel with the convolution's epilogue.
+memory-bound kernel of whole-vector runs (KW·C elements of one input row each), kept apart
+from the padding and the reshapes so none of them turns its runs into gathers; the reshapes
+are views. The GEMM is roller's micro-kernel GEMM with the convolution's epilogue (the batch
+norm, residual and activation after the reshape sink into it: ``sink_reshape``).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from tvm import relax, te
 from tvm_roller.integrations.relax.passes.mutate import mutate_with_new_functions
 
 _LOW = ("bfloat16", "int8", "uint8")
+_OPAQUE = 8  # TVM's OpPatternKind kOpaque: FuseOps fuses nothing into or after it
 
 
 def _ints(values) -> list:
@@ -34,17 +39,14 @@ def _static(shape) -> Optional[list]:
 
 
 def _im2col(x: te.Tensor, window: tuple) -> te.Tensor:
-    """``cols[b, i, j, r, t, ch] = x[b, i·sh + r − pt, j·sw + t − pl, ch]`` (0 outside): one
-    copy with affine indices (a concat of KH·KW slices selects among them per element)."""
-    kh, kw, sh, sw, pt, pl, oh, ow = window
-    n, h, w, c = (int(d) for d in x.shape)
-
-    def value(b, i, j, r, t, ch):
-        y, z = i * sh + r - pt, j * sw + t - pl
-        inside = tvm.tirx.all(y >= 0, y < h, z >= 0, z < w)
-        return tvm.tirx.if_then_else(inside, x[b, y, z, ch], tvm.tirx.const(0, x.dtype))
-
-    return te.compute((n, oh, ow, kh, kw, c), value, name="im2col")
+    """``cols[b, i, j, r, u] = x[b, i·sh + r, j·sw + u // C, u % C]`` over an input padded
+    already: the KW·C elements of one window row are one run of ``x``'s memory (C innermost),
+    so the copy reads and writes whole vectors."""
+    kh, kw, sh, sw, oh, ow = window
+    c = int(x.shape[3])
+    return te.compute((int(x.shape[0]), oh, ow, kh, kw * c),
+                      lambda b, i, j, r, u: x[b, i * sh + r, j * sw + u // c, u % c],
+                      name="im2col")
 
 
 def im2col_conv2d(call: relax.Call, builder: relax.BlockBuilder) -> Optional[relax.Expr]:
@@ -64,12 +66,25 @@ def im2col_conv2d(call: relax.Call, builder: relax.BlockBuilder) -> Optional[rel
     if (kh, kw, sh, sw, pt, pl, pb, pr) == (1, 1, 1, 1, 0, 0, 0, 0):
         cols = relax.op.reshape(x, [n * h * wd, c])
     else:
-        window = (kh, kw, sh, sw, pt, pl, oh, ow)
-        cols = relax.op.reshape(builder.call_te(_im2col, x, window, primfunc_name_hint="im2col"),
-                                [n * oh * ow, kh * kw * c])
+        if pt or pl or pb or pr:
+            x = builder.emit(relax.op.nn.pad(x, [0, 0, pt, pb, pl, pr, 0, 0]))
+        window = (kh, kw, sh, sw, oh, ow)
+        cols = builder.call_te(_im2col, x, window, primfunc_name_hint="im2col")
+        _keep_alone(builder, cols)
+        cols = relax.op.reshape(cols, [n * oh * ow, kh * kw * c])
     out_dtype = str(a.out_dtype) if str(a.out_dtype) else str(call.ty.dtype)
     y = relax.op.matmul(cols, relax.op.reshape(w, [kh * kw * c, co]), out_dtype=out_dtype)
     return relax.op.reshape(y, [n, oh, ow, co])
+
+
+def _keep_alone(builder: relax.BlockBuilder, call: relax.Expr) -> None:
+    """Mark the copy's PrimFunc opaque to FuseOps: fused with the padding (or a transpose) its
+    reads would test bounds or gather, and fused with the reshape after it, its writes would be
+    indexed through divisions by KH·KW·C; alone, the reshape is a view."""
+    gv = call.args[0] if isinstance(call, relax.Call) else None
+    if isinstance(gv, tvm.ir.GlobalVar):
+        func = builder.get()[gv]
+        builder.update_func(gv, func.with_attr("op_pattern", _OPAQUE))
 
 
 @relax.expr_functor.mutator

@@ -6,8 +6,12 @@ reads the reshaped tensor. TVM's FuseOps joins elementwise ops to a matmul's epi
 reshape, so the activation ran as a kernel of its own: one more pass over the activations
 (ONNX Runtime fuses the same pattern, as BiasGelu / FastGelu). An elementwise op of reshaped
 operands is the reshape of the op of the unreshaped ones when every tensor operand is reshaped
-from the same shape to the same shape (scalar constants ride along); consecutive reshapes
-collapse into one and a reshape to the tensor's own shape goes. Values do not change.
+from the same shape to the same shape. Scalars ride along; so does a tensor of the result's shape
+(a residual), reshaped back, when the reshape raised the rank; and so does an operand that varies
+along the last axis only (a bias, a batch norm's scale per channel) when the reshape keeps that
+axis. Casts sink too. A convolution computed as a GEMM (``conv_gemm``) ends in such a reshape, so
+its batch norm, residual and activation join the GEMM's kernel. Consecutive reshapes collapse
+into one and a reshape to the tensor's own shape goes. Values do not change.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 # operands' values at that element.
 _UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu",
           "relax.sigmoid", "relax.tanh", "relax.exp", "relax.erf", "relax.negative",
-          "relax.sqrt", "relax.rsqrt", "relax.square", "relax.abs")
+          "relax.sqrt", "relax.rsqrt", "relax.square", "relax.abs", "relax.astype")
 _BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
            "relax.minimum", "relax.power")
 #: rewriting rounds at most (each sinks every op one reshape further)
@@ -37,8 +41,25 @@ def _shape(expr) -> Optional[tuple]:
     return dims if all(isinstance(d, int) for d in dims) else None
 
 
-def _scalar(expr) -> bool:
-    return _shape(expr) == ()
+def _along_last_axis(expr, source: tuple, target: tuple):
+    """``expr`` (an operand broadcast against ``target``) as an operand of the same op on
+    ``source``: a scalar as it is, a tensor of ``target``'s shape reshaped to ``source``, one
+    that varies along the last axis only (when the reshape keeps that axis) reshaped to
+    ``source``'s rank; else None."""
+    shape = _shape(expr)
+    if shape is None:
+        return None
+    if shape == ():
+        return expr
+    if shape == target:  # a whole tensor (a residual): its reshape is a view; only towards
+        # the lower rank (a GEMM's 2-D result), else two operands would trade places forever
+        return relax.op.reshape(expr, list(source)) if len(source) < len(target) else None
+    leading = shape[:-1]
+    if any(d != 1 for d in leading) or len(shape) > len(target) or not source or \
+            source[-1] != target[-1] or shape[-1] not in (1, target[-1]):
+        return None
+    return relax.op.reshape(expr, [1] * (len(source) - 1) + [shape[-1]]) \
+        if len(shape) > 1 else expr
 
 
 def _sink(func: relax.Function) -> relax.Function:
@@ -58,13 +79,15 @@ def _sink_one(func: relax.Function, name: str, nargs: int, shaped: tuple) -> rel
 
     def rewrite(expr, matches):
         calls = [matches[reshapes[i]] for i in shaped]
-        if any(not _scalar(matches[others[i]]) for i in others):
-            return expr
         sources = {_shape(c.args[0]) for c in calls}
         targets = {_shape(c) for c in calls}
         if None in sources or len(sources) != 1 or len(targets) != 1:
             return expr
-        inner = [matches[reshapes[i]].args[0] if i in reshapes else matches[others[i]]
+        source, target = sources.pop(), targets.pop()
+        moved_others = {i: _along_last_axis(matches[others[i]], source, target) for i in others}
+        if any(v is None for v in moved_others.values()):
+            return expr
+        inner = [matches[reshapes[i]].args[0] if i in reshapes else moved_others[i]
                  for i in range(nargs)]
         moved = relax.Call(expr.op, inner, expr.attrs, expr.ty_args)
         return relax.op.reshape(moved, calls[0].args[1])
