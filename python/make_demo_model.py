@@ -66,6 +66,22 @@ def train_tokenizer(seed: int, vocab_size: int):
     return tok
 
 
+def save_tokenizer(path: Path, seed: int = 0, vocab_size: int = 512, max_positions: int = 512,
+                   pad_to: int = 0):
+    """The trained tokenizer with its specials and chat template, saved to ``path``;
+    ``pad_to``: filler tokens added up to that many ids (a larger model's vocabulary)."""
+    import transformers
+
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(seed, vocab_size), bos_token=BOS, eos_token=EOS,
+        pad_token=PAD, additional_special_tokens=ROLES, chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False, model_max_length=max_positions)
+    if pad_to > len(hf_tok):
+        hf_tok.add_tokens([f"<filler_{i}>" for i in range(pad_to - len(hf_tok))])
+    hf_tok.save_pretrained(path, save_jinja_files=False)  # the template in tokenizer_config
+    return hf_tok
+
+
 def make_demo_model(out: str, seed: int = 0, vocab_size: int = 512, hidden: int = 64,
                     layers: int = 2, max_positions: int = 512) -> Path:
     """Write the tokenizer, config, generation config and weights to ``out``."""
@@ -74,11 +90,7 @@ def make_demo_model(out: str, seed: int = 0, vocab_size: int = 512, hidden: int 
 
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    hf_tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(seed, vocab_size), bos_token=BOS, eos_token=EOS,
-        pad_token=PAD, additional_special_tokens=ROLES, chat_template=CHAT_TEMPLATE,
-        clean_up_tokenization_spaces=False, model_max_length=max_positions)
-    hf_tok.save_pretrained(path, save_jinja_files=False)  # the template in tokenizer_config
+    hf_tok = save_tokenizer(path, seed, vocab_size, max_positions)
     eos = [hf_tok.convert_tokens_to_ids(t) for t in (EOS, "<|end|>")]
     cfg = transformers.LlamaConfig(
         vocab_size=len(hf_tok), hidden_size=hidden, intermediate_size=2 * hidden,
