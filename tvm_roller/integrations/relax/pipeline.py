@@ -71,6 +71,10 @@ def fusion_passes(fast_math: bool = True, gemm_chains: bool = True,
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        # a lone reshape becomes a view now, before roller would schedule it as a copy (TVM's
+        # dataflow lowering recognises only unscheduled reshapes)
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.DeadCodeElimination(),
     ], name="RollerFusion")
 
 
@@ -108,9 +112,6 @@ def get_pipeline(target, report: Optional[list] = None, device: Optional[DeviceM
                 + stages.library_dispatch_passes(tgt)
                 + [fusion_passes(ctx.fast_math, ctx.fuse_chains, ctx.device,
                                  chains, ctx.conv_layouts, report),
-                   # a lone reshape becomes a view before roller would schedule it as a copy
-                   # (TVM's dataflow lowering recognises only unscheduled reshapes)
-                   relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination(),
                    mark_constant_operands(), roller, fold_packing(report)]
                 + ctx.backend.fallback_passes(tgt)
                 + stages.dataflow_lower_passes(tgt)

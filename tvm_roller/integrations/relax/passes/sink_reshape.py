@@ -41,7 +41,7 @@ def _shape(expr) -> Optional[tuple]:
     return dims if all(isinstance(d, int) for d in dims) else None
 
 
-def _along_last_axis(expr, source: tuple, target: tuple):
+def _operand_on_source(expr, source: tuple, target: tuple):
     """``expr`` (an operand broadcast against ``target``) as an operand of the same op on
     ``source``: a scalar as it is, a tensor of ``target``'s shape reshaped to ``source``, one
     that varies along the last axis only (when the reshape keeps that axis) reshaped to
@@ -84,7 +84,7 @@ def _sink_one(func: relax.Function, name: str, nargs: int, shaped: tuple) -> rel
         if None in sources or len(sources) != 1 or len(targets) != 1:
             return expr
         source, target = sources.pop(), targets.pop()
-        moved_others = {i: _along_last_axis(matches[others[i]], source, target) for i in others}
+        moved_others = {i: _operand_on_source(matches[others[i]], source, target) for i in others}
         if any(v is None for v in moved_others.values()):
             return expr
         inner = [matches[reshapes[i]].args[0] if i in reshapes else moved_others[i]
