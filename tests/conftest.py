@@ -128,6 +128,10 @@ def device():
 # Xeons, AMD Zen 4 for VNNI), and the plan is the same on all of them
 AMX_TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
 VNNI_TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
+# the first CPU with AVX512-BF16 (and VNNI): Zen 4 and later, Cooper Lake and later Xeons run its code
+BF16_DOT_TARGET = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}
+# AVX2 only (a laptop): runs on every x86-64 host with AVX2
+HASWELL_TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
 
 def device_for(target):

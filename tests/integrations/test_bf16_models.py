@@ -22,13 +22,10 @@ from tvm_roller.hardware.cpu import detect_isa  # noqa: E402
 from tvm_roller.integrations.pytorch import import_torch  # noqa: E402
 from harness.examples import hf_models  # noqa: E402
 
-from conftest import AMX_TARGET, device_for  # noqa: E402
+from conftest import AMX_TARGET, BF16_DOT_TARGET, HASWELL_TARGET, device_for  # noqa: E402
 
 _HOST = detect_isa(host_target())[1]
 _NEEDS_AMX = pytest.mark.skipif("amx-bf16" not in _HOST, reason="this CPU has no AMX-BF16")
-# the first CPU with AVX512-BF16 (Zen 4 and later, Cooper Lake and later Xeons run its code)
-BF16_DOT_TARGET = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}
-HASWELL_TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 TARGETS = [pytest.param(AMX_TARGET, marks=_NEEDS_AMX, id="amx"),
            pytest.param(BF16_DOT_TARGET, id="avx512bf16", marks=pytest.mark.skipif(
                "avx512bf16" not in _HOST, reason="this CPU has no AVX512-BF16")),

@@ -14,20 +14,19 @@ import tvm_roller
 from tvm_roller.hardware import host_target
 from tvm_roller.hardware.cpu import detect_isa
 
-from conftest import device_for
+from conftest import BF16_DOT_TARGET, HASWELL_TARGET, device_for
 
 _HOST = detect_isa(host_target())[1]
-_AVX512 = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}  # AVX512-BF16 and VNNI
-TARGETS = [pytest.param(_AVX512, id="avx512", marks=pytest.mark.skipif(
+TARGETS = [pytest.param(BF16_DOT_TARGET, id="avx512", marks=pytest.mark.skipif(
                not {"avx512bf16", "avx512vnni"} <= _HOST, reason="no AVX512-BF16 / VNNI")),
-           pytest.param({"kind": "llvm", "mcpu": "haswell", "num-cores": 2}, id="avx2")]
+           pytest.param(HASWELL_TARGET, id="avx2")]
 # (image h, w, channels in, out, window kh, kw, stride, padding top, left, bottom, right)
 CASES = [(7, 13, 9, 15, 3, 3, 1, 1, 1, 1, 1), (11, 5, 3, 8, 7, 7, 2, 3, 3, 3, 3),
          (1, 1, 5, 7, 1, 1, 1, 0, 0, 0, 0), (9, 10, 1, 3, 2, 3, 2, 0, 1, 1, 0),
          (13, 7, 17, 4, 5, 1, 3, 2, 0, 2, 0)]
 
 
-def _conv(shape, dtypes, out_dtype, window):
+def _conv(dtypes, out_dtype, window):
     h, w, ci, co, kh, kw, s, pt, pl, pb, pr = window
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, h, w, ci), dtypes[0]))
@@ -62,7 +61,7 @@ def _tensor(a: np.ndarray, dtype: str):
 
 def _run(window, dtypes, out_dtype, x, f, target):
     report: list = []
-    ex = tvm_roller.relax.compile(_conv(None, dtypes, out_dtype, window), target, report,
+    ex = tvm_roller.relax.compile(_conv(dtypes, out_dtype, window), target, report,
                                   device_for(target))
     assert not [e for e in report if e["fallback"]], report
     names = [e["name"] for e in report]
