@@ -86,16 +86,12 @@ def attention_profile(lm, dram: float, contexts) -> list:
     attention kernels' time against their cache bytes at the calibrated DRAM bandwidth, and
     how much the other kernels' time moves with the context (a copy of the cache would)."""
     import numpy as np
-    import tvm
 
     from tvm_roller.tools.profile_model import profile
 
-    keys, values, marker = lm.buffers()
-    dev = tvm.cpu()
-    step = tvm.runtime.tensor(np.array([[1]], dtype="int64"), dev)
     out = []
     for ctx in contexts:
-        args = (step, keys, values, marker._create_view((ctx,))) + tuple(lm.decode_weights)
+        args = lm.sequence_args("decode", np.array([[1]], dtype="int64"), ctx)
         rows = profile(lm.vm, args, lm.report, calls=3, func="decode")
         attn = sum(r.measured_s for r in rows if "kv_attention" in r.name)
         rest = sum(r.measured_s for r in rows if "kv_attention" not in r.name)

@@ -253,7 +253,8 @@ def test_sampling_top_p_keeps_the_smallest_set_reaching_it():
 
 
 def test_cache_ops_eager_match_the_kernels():
-    """The torch ops' own (eager) implementations agree with the compiled kernels' layout."""
+    """The torch ops' own (eager) implementations agree with the compiled kernels' layout, for
+    sequences whose blocks are scattered over the pool (tables not in order)."""
     import numpy as np
     import tvm
 
@@ -265,31 +266,45 @@ def test_cache_ops_eager_match_the_kernels():
 
     tiles = plan_tiles(device_for(host_target()), 16, 70, 3)
     lay = CacheLayout(2, 2, 16, padded_length(70, tiles.block), 6, tiles.block)
-    keys = torch.zeros(lay.key_shape)
-    values = torch.zeros(lay.value_shape)
-    new = torch.randn(1, 2, 67, 16, generator=torch.Generator().manual_seed(4))
-    marker = torch.zeros(67, dtype=torch.long)
-    k_eager = cache_ops.kv_write(keys, new, marker, 1, True)
-    v_eager = cache_ops.kv_write(values, new, marker, 1, False)
+    nb = lay.max_blocks
+    pool = 3 * nb + 1
+    # three sequences' tables: disjoint pool blocks in a shuffled order
+    order = np.random.default_rng(3).permutation(pool)[:3 * nb].astype("int32")
+    tables = torch.tensor(order.reshape(3, nb))
+    lengths = torch.tensor([67, 5, 70], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(4)
+    keys = torch.randn(lay.key_shape(pool), generator=gen)
+    values = torch.randn(lay.value_shape(pool), generator=gen)
 
     def build(func):
         return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
                            target=host_target())["main"]
 
-    kc, vc = tvm.runtime.tensor(keys.numpy()), tvm.runtime.tensor(values.numpy())
-    m = tvm.runtime.tensor(marker.numpy())
-    build(write_kernel(lay, 1, True))(kc, tvm.runtime.tensor(new.numpy()), m)
-    build(write_kernel(lay, 1, False))(vc, tvm.runtime.tensor(new.numpy()), m)
-    np.testing.assert_array_equal(kc.numpy(), k_eager.numpy())
-    np.testing.assert_array_equal(vc.numpy(), v_eager.numpy())
-    q = torch.randn(1, 6, 1, 16, generator=torch.Generator().manual_seed(5))
-    want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
-    got = tvm.runtime.tensor(np.zeros((1, 1, 6, 16), "float32"))
-    build(attention_kernel(lay, 1, 0.25, tiles))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    def t(x):
+        return tvm.runtime.tensor(np.ascontiguousarray(x.numpy()))
+
+    kc, vc, tb = t(keys), t(values), t(tables)
+    # each sequence's prompt, one sequence at a time (a prompt's write is batch 1)
+    for s in range(3):
+        n = int(lengths[s])
+        new = torch.randn(1, 2, n, 16, generator=gen)
+        one, ln = tables[s:s + 1], lengths[s:s + 1]
+        keys = cache_ops.kv_write(keys, new, one, ln, 1, True)
+        values = cache_ops.kv_write(values, new, one, ln, 1, False)
+        build(write_kernel(lay, 1, True))(kc, t(new), t(one), t(ln))
+        build(write_kernel(lay, 1, False))(vc, t(new), t(one), t(ln))
+    np.testing.assert_array_equal(kc.numpy(), keys.numpy())
+    np.testing.assert_array_equal(vc.numpy(), values.numpy())
+    # a decode step of the three at once
+    q = torch.randn(3, 6, 1, 16, generator=gen)
+    want = cache_ops.kv_attention(q, keys, values, tables, lengths, 1, 0.25)
+    got = tvm.runtime.tensor(np.zeros((3, 1, 6, 16), "float32"))
+    build(attention_kernel(lay, 1, 0.25, tiles))(t(q), kc, vc, tb, t(lengths), got)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
-    # a prompt's 5 last positions, causal
-    q = torch.randn(1, 6, 5, 16, generator=torch.Generator().manual_seed(6))
-    want = cache_ops.kv_attention(q, k_eager, v_eager, marker, 1, 0.25)
+    # the first sequence's 5 last positions, causal
+    q = torch.randn(1, 6, 5, 16, generator=gen)
+    want = cache_ops.kv_attention(q, keys, values, tables[:1], lengths[:1], 1, 0.25)
     got = tvm.runtime.tensor(np.zeros((1, 5, 6, 16), "float32"))
-    build(prompt_attention_kernel(lay, 1, 0.25, tiles))(tvm.runtime.tensor(q.numpy()), kc, vc, m, got)
+    build(prompt_attention_kernel(lay, 1, 0.25, tiles))(t(q), kc, vc, t(tables[:1]),
+                                                        t(lengths[:1]), got)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

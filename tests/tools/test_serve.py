@@ -10,13 +10,9 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -26,38 +22,15 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 transformers = pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-
 from conftest import REPO_ROOT  # noqa: E402
 from make_demo_model import make_demo_model  # noqa: E402
+from serving import KEY, free_socket, hf_text, metric, serving  # noqa: E402
 from tvm_roller.integrations import llm  # noqa: E402
-from tvm_roller.tools.serve.runner import ServeConfig, build_server  # noqa: E402
+from tvm_roller.tools.serve.runner import ServeConfig  # noqa: E402
 
 MAX_SEQ = 128
 MAX_QUEUE = 2
-KEY = "test-key"
 PROMPTS = ["Hello café 日本語", "The tensor kernel", "Ωμέγα 😀 cache"]
-
-
-@dataclass
-class Served:
-    url: str
-    name: str
-    lm: Any  # the server's CausalLM (the tests slow it down or break it for a while)
-    model: Any  # HF's model on the same directory: the reference
-    tokenizer: Any
-    directory: str
-
-    def client(self, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", KEY),
-                             max_retries=0, timeout=60, **kw)
-
-
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 @pytest.fixture(scope="module")
@@ -70,36 +43,8 @@ def served(demo_dir):
     """One compile, one uvicorn in a thread on a free port, shut down at the end."""
     lm = llm.load(demo_dir, max_seq_len=MAX_SEQ)
     config = ServeConfig(demo_dir, max_queue=MAX_QUEUE, api_key=KEY, log_level="warning")
-    server = build_server(config, lm)
-    sock = _free_socket()
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started and thread.is_alive() and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(demo_dir)
-    yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", config.name, lm, model, tok,
-                 demo_dir)
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
-
-
-def _hf_text(served: Served, ids, max_new_tokens: int) -> str:
-    """HF's greedy generation (stopping at the generation config's eos ids), decoded."""
-    ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = served.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-    return served.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-def _metric(served: Served, name: str) -> float:
-    for line in httpx.get(served.url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise KeyError(name)
+    with serving(config, lm) as served:
+        yield served
 
 
 def _slowed(lm, delay: float):
@@ -131,7 +76,7 @@ def test_models_and_health(served):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_completion_equals_hf_generate(served, prompt):
     ids = served.tokenizer(prompt)["input_ids"]
-    ref = _hf_text(served, ids, 24)
+    ref = hf_text(served, ids, 24)
     out = served.client().completions.create(model=served.name, prompt=prompt, max_tokens=24,
                                              temperature=0)
     assert out.choices[0].text == ref
@@ -152,7 +97,7 @@ def test_chat_uses_the_template(served):
     out = served.client().chat.completions.create(model=served.name, messages=messages,
                                                   max_tokens=20, temperature=0)
     assert out.choices[0].message.role == "assistant"
-    assert out.choices[0].message.content == _hf_text(served, ids, 20)
+    assert out.choices[0].message.content == hf_text(served, ids, 20)
     assert out.usage.prompt_tokens == len(ids)
 
 
@@ -160,7 +105,7 @@ def test_library_text_api_equals_hf(served):
     lm = served.lm
     ids = served.tokenizer(PROMPTS[0])["input_ids"]
     result = lm.generate_text(PROMPTS[0], 24)
-    assert result.text == _hf_text(served, ids, 24) and result.prompt_tokens == len(ids)
+    assert result.text == hf_text(served, ids, 24) and result.prompt_tokens == len(ids)
     assert "".join(c.text for c in lm.stream_text(PROMPTS[0], 24)) == result.text
     forced = lm.generate_text(PROMPTS[0], 30, ignore_eos=True)
     assert forced.completion_tokens == 30 and forced.finish_reason == "length"
@@ -285,8 +230,8 @@ def test_a_client_that_leaves_frees_the_engine_at_the_next_token(served, monkeyp
     delay = 0.1  # 100 tokens: 10 s unless the engine stops
     monkeypatch.setattr(served.lm, "stream", _slowed(served.lm, delay))
     client = served.client()
-    cancelled = _metric(served, 'tvm_roller_requests_total{outcome="cancelled"}')
-    before = _metric(served, "tvm_roller_generated_tokens_total")
+    cancelled = metric(served, 'tvm_roller_requests_total{outcome="cancelled"}')
+    before = metric(served, "tvm_roller_generated_tokens_total")
     stream = client.completions.create(model=served.name, prompt=PROMPTS[0], max_tokens=100,
                                        temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
@@ -304,8 +249,8 @@ def test_a_client_that_leaves_frees_the_engine_at_the_next_token(served, monkeyp
     # the next request waited for the token in flight and its own 2 tokens (margin for a
     # loaded machine), not for the 90-odd tokens left
     assert waited < 20 * delay, waited
-    assert _metric(served, 'tvm_roller_requests_total{outcome="cancelled"}') == cancelled + 1
-    generated = _metric(served, "tvm_roller_generated_tokens_total") - before - 2
+    assert metric(served, 'tvm_roller_requests_total{outcome="cancelled"}') == cancelled + 1
+    generated = metric(served, "tvm_roller_generated_tokens_total") - before - 2
     assert generated < 12, generated  # the tokens read, the ones held as "", one more
 
 
@@ -331,7 +276,7 @@ def test_past_max_queue_requests_get_429(served, monkeypatch):
     monkeypatch.undo()
     out = client.completions.create(model=served.name, prompt="hi", max_tokens=2)
     assert out.choices[0].finish_reason in ("stop", "length")
-    assert _metric(served, 'tvm_roller_requests_total{outcome="rejected"}') >= n - MAX_QUEUE - 1
+    assert metric(served, 'tvm_roller_requests_total{outcome="rejected"}') >= n - MAX_QUEUE - 1
 
 
 def test_a_fault_in_generation_is_an_error_not_a_hang(served, monkeypatch):
@@ -365,7 +310,7 @@ def test_metrics_and_timings(served):
                  "tvm_roller_inter_token_latency_seconds_bucket",
                  "tvm_roller_generated_tokens_total", "tvm_roller_decode_tokens_per_second"):
         assert name in text, name
-    assert _metric(served, "tvm_roller_queue_depth") == 0
+    assert metric(served, "tvm_roller_queue_depth") == 0
 
 
 # -- the commands ---------------------------------------------------------------------------------
@@ -376,14 +321,14 @@ def test_generate_prints_the_streamed_text(served, capsys):
     assert main(["generate", served.directory, "--prompt", PROMPTS[0], "--new-tokens", "12",
                  "--max-seq-len", str(MAX_SEQ)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(_hf_text(served, ids, 12) + "\n")
+    assert out.startswith(hf_text(served, ids, 12) + "\n")
     assert "prefill" in out and "decode" in out and "tok/s" in out
 
 
 def test_serve_command_answers_an_openai_client(served):
     """``tvm-roller serve DIR`` as the README runs it: a process that loads the compiled model
     from the module cache, listens, answers, and stops on Ctrl-C."""
-    with _free_socket() as sock:
+    with free_socket() as sock:
         port = sock.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "tvm_roller.tools.cli", "serve",
@@ -403,7 +348,7 @@ def test_serve_command_answers_an_openai_client(served):
         out = client.completions.create(model=served.name, prompt=PROMPTS[0], max_tokens=8,
                                         temperature=0)
         ids = served.tokenizer(PROMPTS[0])["input_ids"]
-        assert out.choices[0].text == _hf_text(served, ids, 8)
+        assert out.choices[0].text == hf_text(served, ids, 8)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

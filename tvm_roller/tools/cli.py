@@ -228,7 +228,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve a local HuggingFace model directory over an OpenAI-compatible HTTP API
     (/v1/models, /v1/completions, /v1/chat/completions with streaming, /health, /metrics),
     compiled once (or loaded from the module cache) before it listens. One sequence at a
-    time; up to --max-queue requests wait, more get a 429. Needs the [serve] extra."""
+    time, or with --max-batch N up to N decoding together (continuous batching over a paged
+    KV cache of --kv-cache-gb); up to --max-queue requests wait, more get a 429. Needs the
+    [serve] extra."""
     import os
 
     try:
@@ -238,7 +240,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("TVM_ROLLER_API_KEY") or None
     return serve(ServeConfig(args.model, args.weights, args.host, args.port, args.max_queue,
                              api_key, args.max_seq_len, args.model_name,
-                             cache=not args.no_cache))
+                             cache=not args.no_cache, max_batch=args.max_batch,
+                             kv_cache_gb=args.kv_cache_gb, prefill_chunk=args.prefill_chunk))
 
 
 def _described(cmd) -> str:
@@ -390,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the context: prompt + new tokens (default: the model's, at most 2048)")
     v.add_argument("--model-name", default=None,
                    help="the model id clients send (default: the directory's name)")
+    v.add_argument("--max-batch", type=int, default=1,
+                   help="sequences decoding together (continuous batching; default 1: one at "
+                        "a time)")
+    v.add_argument("--kv-cache-gb", type=float, default=None,
+                   help="the paged KV cache's pool, shared by the sequences in flight, with "
+                        "--max-batch > 1 (default: room for --max-batch whole contexts)")
+    v.add_argument("--prefill-chunk", type=int, default=128,
+                   help="prompt positions prefilled a step while others decode (default 128)")
     v.add_argument("--no-cache", action="store_true", help="compile from scratch, store nothing")
     v.set_defaults(fn=_cmd_serve)
     return ap

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tvm
 
-from test_kv_cache import TARGETS, _build, planned
+from test_kv_cache import TARGETS, _build, planned, shuffled_tables
 from tvm_roller.backends.cpu.kv_prompt_attention import prompt_attention_kernel
 
 
@@ -15,12 +15,19 @@ def _tensor(a):
     return tvm.runtime.tensor(np.ascontiguousarray(a), tvm.cpu())
 
 
-def _blocked(keys, lay):
-    """keys [kv, positions, head_dim] in the cache's layout [kv, blocks, head_dim, block]."""
-    kv, length, hd = keys.shape[0], lay.length, keys.shape[2]
-    full = np.zeros((kv, length, hd), "float32")
-    full[:, :keys.shape[1]] = keys
-    return full.reshape(kv, length // lay.block, lay.block, hd).transpose(0, 1, 3, 2)
+def _paged(rows, table, lay, pool, keys):
+    """rows [kv, n, head_dim] written through ``table`` into a pool's layer: keys
+    [kv, pool, head_dim, block], values [kv, pool, block, head_dim]."""
+    kv, n, hd = rows.shape
+    full = np.zeros((kv, lay.max_blocks * lay.block, hd), "float32")
+    full[:, :n] = rows
+    blocks = full.reshape(kv, lay.max_blocks, lay.block, hd)
+    if keys:
+        blocks = blocks.transpose(0, 1, 3, 2)
+    out = np.zeros((kv, pool) + blocks.shape[2:], "float32")
+    need = -(-n // lay.block)
+    out[:, table[:need]] = blocks[:, :need]
+    return out
 
 
 def _reference(q, keys, values, n, scale, group):
@@ -43,14 +50,17 @@ def test_prompt_attention_matches_float64(target, heads, kv_heads, head_dim, n, 
     rng = np.random.default_rng(n * 7 + m)
     keys = rng.standard_normal((kv_heads, n, head_dim)).astype("float32")
     values = rng.standard_normal((kv_heads, n, head_dim)).astype("float32")
-    kc = np.zeros(lay.key_shape, "float32")
-    vc = rng.standard_normal(lay.value_shape).astype("float32")  # past n: finite, unread weight
-    kc[layer] = _blocked(keys, lay)
-    vc[layer, :, :n] = values
+    pool = lay.max_blocks + 3
+    table = shuffled_tables(rng, lay, [n], pool)
+    kc = rng.standard_normal(lay.key_shape(pool)).astype("float32")  # others' blocks: unread
+    vc = rng.standard_normal(lay.value_shape(pool)).astype("float32")
+    kc[layer] = _paged(keys, table[0], lay, pool, True)
+    vc[layer] = _paged(values, table[0], lay, pool, False)
     q = (rng.standard_normal((1, heads, m, head_dim)) * 2).astype("float32")
     scale = 1.0 / np.sqrt(head_dim)
     out = _tensor(np.full((1, m, heads, head_dim), np.nan, "float32"))
     _build(prompt_attention_kernel(lay, layer, scale, tiles), target)(
-        _tensor(q), _tensor(kc), _tensor(vc), _tensor(np.zeros(n, "int64")), out)
+        _tensor(q), _tensor(kc), _tensor(vc), _tensor(table), _tensor(np.array([n], "int32")),
+        out)
     ref = _reference(q, keys, values, n, scale, heads // kv_heads)
     np.testing.assert_allclose(out.numpy()[0], ref, rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@ one. Compared with float64 references at 1, prime and odd sizes."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -191,3 +192,37 @@ def test_group_norm_statistics_split_over_the_cores(shape, groups):
     norm = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
     ref = norm.reshape(shape) * gs[None, :, None, None] + bs[None, :, None, None]
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,rows,k", [(2, 97, 208), (3, 4864 // 16, 896), (8, 131, 64),
+                                          (7, 64, 4128)])
+def test_a_batch_of_dot_product_rows_shares_each_weight_row(batch, rows, k):
+    """y[m, n] = sum_k x[m, k] w[n, k] for a few rows m (a decode step's sequences): the
+    batch's loop inside the weight's rows (each weight row read from memory once for the
+    whole batch), exact against float64."""
+    from tvm_roller.planner import Context, ScheduleOptions, schedule_function
+
+    x = te.placeholder((batch, k), name="x")
+    w = te.placeholder((rows, k), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((batch, rows), lambda m, n: te.sum(x[m, r] * w[n, r], axis=r), name="y")
+    func = te.create_prim_func([x, w, y])
+    ctx = Context.make(TARGET, device())
+    res = schedule_function(func, ctx, "batched_gemv", ScheduleOptions(), True)
+    assert res.entry.status == "roller", res.entry.reason
+    script = res.kernel.script()
+    if "y_rf" in script:  # as rows of dot products: the weight's rows outside the batch's
+        # (fused before them, or the tasks over the weight's rows and the batch under each)
+        assert "m_n_fused" not in script
+        assert "n_m_fused" in script or re.search(r"for n\w* in T\.parallel", script)
+    rng = np.random.default_rng(batch * rows)
+    xs = rng.uniform(-1, 1, (batch, k)).astype("float32")
+    ws = rng.uniform(-1, 1, (rows, k)).astype("float32")
+    dev = tvm.cpu()
+    got = tvm.runtime.tensor(np.zeros((batch, rows), "float32"), dev)
+    lib = tvm.compile(tvm.IRModule({"main": res.kernel.with_attr("global_symbol", "main")}),
+                      target=ctx.target)
+    lib["main"](tvm.runtime.tensor(xs, dev), tvm.runtime.tensor(ws, dev), got)
+    # a float32 sum of k products: its rounding grows as sqrt(k)
+    np.testing.assert_allclose(got.numpy(), xs.astype("f8") @ ws.T.astype("f8"), rtol=1e-5,
+                               atol=1e-5 * max(1.0, np.sqrt(k / 256)))

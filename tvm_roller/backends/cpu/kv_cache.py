@@ -1,22 +1,25 @@
-"""CPU kernels over a key/value cache updated in place: the write of new positions and one
-query position's attention over the cache, split along the context.
+"""CPU kernels over a paged key/value cache updated in place: the write of new positions and
+the attention of one query position per sequence over its cache, split along the context.
 
-The cache is two buffers of ``max_len`` positions per layer, allocated once:
+The cache is a pool of fixed-size blocks of ``block`` positions, allocated once and shared by
+the sequences in flight (``integrations.llm.block_pool`` keeps the bookkeeping):
 
-* keys ``[layers, kv_heads, max_len / block, head_dim, block]`` (positions innermost: a
-  query's scores over a block of positions are one vector multiply-add per head-dim element,
-  no horizontal sums; each block of positions contiguous, so a task streams it from memory);
-* values ``[layers, kv_heads, max_len, head_dim]`` (a probability times a value row, along the
-  head dimension).
+* keys ``[layers, kv_heads, pool, head_dim, block]`` (positions innermost: a query's scores
+  over a block of positions are one vector multiply-add per head-dim element, no horizontal
+  sums; each block contiguous, so a task streams it from memory);
+* values ``[layers, kv_heads, pool, block, head_dim]`` (a probability times a value row, along
+  the head dimension).
 
-The live length ``n`` is the extent of a marker buffer (``[n]``): positions ``[n - m, n)`` are
-written by the ``m`` new ones, and a decode step's query attends to ``[0, n)``. The attention
-runs in two phases: each (kv head, block of positions) in parallel gives its queries' running
-max, sum of exponentials and weighted values; a merge rescales them (the flash-decoding split),
-so a single query still uses every core. Positions past ``n`` inside the last block are masked;
-``max_len`` is a multiple of the block (:func:`padded_length`) so they are in bounds (the
-buffers start zeroed: what they hold is finite). The block and the register tiles are planned
-from the device model (``attention_plan``).
+The pool's size is a shape variable (one compiled module serves any pool). Each kernel takes a
+block table ``tables [batch, nb]`` (int32: the pool blocks of a sequence's positions, in
+order; ``nb`` covers the longest sequence of the call) and the live lengths ``lengths
+[batch]`` (int32) as data: a sequence's ``m`` new positions are ``[n - m, n)``, ``n`` its
+length, and its query attends to ``[0, n)``. The attention runs in two phases: each
+(sequence, kv head, block of positions) in parallel gives its queries' running max, sum of
+exponentials and weighted values; a merge rescales them (the flash-decoding split), so a
+single query still uses every core. Positions past ``n`` inside a sequence's last block are
+masked (a pool starts zeroed: what they hold is finite). The block and the register tiles are
+planned from the device model (``attention_plan``).
 """
 from __future__ import annotations
 
@@ -37,8 +40,8 @@ def padded_length(max_len: int, block: int) -> int:
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The cache's static dimensions (``length`` already padded to whole ``block``s of
-    positions) and the attention's heads."""
+    """The cache's static dimensions and the attention's heads: ``length`` is the most
+    positions one sequence holds (padded to whole ``block``s), the table's widest row."""
 
     layers: int
     kv_heads: int
@@ -62,13 +65,16 @@ class CacheLayout:
         return self.heads // self.kv_heads
 
     @property
-    def key_shape(self):
-        return (self.layers, self.kv_heads, self.length // self.block, self.head_dim,
-                self.block)
+    def max_blocks(self) -> int:
+        """Blocks one sequence holds at most (a block table's widest row)."""
+        return self.length // self.block
 
-    @property
-    def value_shape(self):
-        return (self.layers, self.kv_heads, self.length, self.head_dim)
+    def key_shape(self, pool):
+        """The keys of a pool of ``pool`` blocks (an int, or a shape variable)."""
+        return (self.layers, self.kv_heads, pool, self.head_dim, self.block)
+
+    def value_shape(self, pool):
+        return (self.layers, self.kv_heads, pool, self.block, self.head_dim)
 
 
 def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -77,146 +83,171 @@ def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def write_kernel(layout: CacheLayout, layer: int, keys: bool) -> tirx.PrimFunc:
-    """``cache[layer]`` positions ``[n - m, n)`` := ``new[0, :, 0:m, :]`` in place (``new`` is
-    ``[1, kv_heads, m, head_dim]``, the marker ``[n]``); keys are stored in blocks of
-    positions. (Two parsed functions: the stores differ in indexing and in the vectorized loop,
-    which TVMScript cannot take as a parameter.)"""
+    """``cache[layer]``: each sequence ``s``'s positions ``[n_s - m, n_s)`` := ``new[s, :, 0:m,
+    :]`` in place, through its block table (``new`` is ``[batch, kv_heads, m, head_dim]``).
+    (Two parsed functions: the stores differ in indexing and in the vectorized loop, which
+    TVMScript cannot take as a parameter.)"""
     kvh, hd, dtype, block = layout.kv_heads, layout.head_dim, layout.dtype, layout.block
-    shape = layout.key_shape if keys else layout.value_shape
 
     if keys:
         @T.prim_func(private=True)
-        def write(cache: T.Buffer(shape, dtype), new_var: T.handle, marker_var: T.handle):
-            m, n = T.int64(), T.int64()
-            new = T.match_buffer(new_var, (1, kvh, m, hd), dtype)
-            T.match_buffer(marker_var, (n,), "int64")
-            for hj in T.parallel(kvh * m):
+        def write(cache_var: T.handle, new_var: T.handle, tables_var: T.handle,
+                  lengths_var: T.handle):
+            pool, bsz, m, nb = T.int64(), T.int64(), T.int64(), T.int64()
+            cache = T.match_buffer(cache_var, layout.key_shape(pool), dtype)
+            new = T.match_buffer(new_var, (bsz, kvh, m, hd), dtype)
+            tables = T.match_buffer(tables_var, (bsz, nb), "int32")
+            lengths = T.match_buffer(lengths_var, (bsz,), "int32")
+            for shj in T.parallel(bsz * kvh * m):
+                s = shj // (kvh * m)
+                pos = T.Cast("int64", lengths[s]) - m + shj % m
                 for d in T.serial(hd):
-                    cache[layer, hj // m, (n - m + hj % m) // block, d,
-                          (n - m + hj % m) % block] = new[0, hj // m, hj % m, d]
+                    cache[layer, shj // m % kvh, T.Cast("int64", tables[s, pos // block]), d,
+                          pos % block] = new[s, shj // m % kvh, shj % m, d]
     else:
         @T.prim_func(private=True)
-        def write(cache: T.Buffer(shape, dtype), new_var: T.handle, marker_var: T.handle):
-            m, n = T.int64(), T.int64()
-            new = T.match_buffer(new_var, (1, kvh, m, hd), dtype)
-            T.match_buffer(marker_var, (n,), "int64")
-            for hj in T.parallel(kvh * m):
+        def write(cache_var: T.handle, new_var: T.handle, tables_var: T.handle,
+                  lengths_var: T.handle):
+            pool, bsz, m, nb = T.int64(), T.int64(), T.int64(), T.int64()
+            cache = T.match_buffer(cache_var, layout.value_shape(pool), dtype)
+            new = T.match_buffer(new_var, (bsz, kvh, m, hd), dtype)
+            tables = T.match_buffer(tables_var, (bsz, nb), "int32")
+            lengths = T.match_buffer(lengths_var, (bsz,), "int32")
+            for shj in T.parallel(bsz * kvh * m):
+                s = shj // (kvh * m)
+                pos = T.Cast("int64", lengths[s]) - m + shj % m
                 for d in T.vectorized(hd):
-                    cache[layer, hj // m, n - m + hj % m, d] = new[0, hj // m, hj % m, d]
+                    cache[layer, shj // m % kvh, T.Cast("int64", tables[s, pos // block]),
+                          pos % block, d] = new[s, shj // m % kvh, shj % m, d]
 
     return mark_scheduled(write)
 
 
 def attention_kernel(layout: CacheLayout, layer: int, scale: float,
                      tiles: AttentionTiles) -> tirx.PrimFunc:
-    """One query position's attention over ``cache[layer]`` positions ``[0, n)``:
-    ``q [1, heads, 1, head_dim]`` -> ``out [1, 1, heads, head_dim]`` (the layout HF's attention
-    functions return), grouped-query heads sharing their kv head's reads.
+    """One query position per sequence attending to ``cache[layer]`` positions ``[0, n_s)``
+    through its block table: ``q [batch, heads, 1, head_dim]`` -> ``out [batch, 1, heads,
+    head_dim]`` (the layout HF's attention functions return), grouped-query heads sharing their
+    kv head's reads.
 
     Register tiles: the scores of ``tiles.group_sub`` of a group's queries over one vector of
     positions accumulate over the head dimension in registers (those queries unrolled), and
     the weighted values over a part of a head row at a time (``AttentionTiles.row_part``)."""
     kvh, hd, grp, dtype = layout.kv_heads, layout.head_dim, layout.group, layout.dtype
     block, lanes, gs = layout.block, tiles.lanes, tiles.group_sub
-    blocks_max = layout.length // block
     heads = layout.heads
     part = tiles.row_part(hd, gs)
     neg = -3.0e38
 
     @T.prim_func(private=True)
-    def attend(q: T.Buffer((1, heads, 1, hd), dtype), kc: T.Buffer(layout.key_shape, dtype),
-               vc: T.Buffer(layout.value_shape, dtype), marker_var: T.handle,
-               out: T.Buffer((1, 1, heads, hd), dtype)):
-        n = T.int64()
-        T.match_buffer(marker_var, (n,), "int64")
-        part_max = T.alloc_buffer((kvh, blocks_max, grp), dtype)
-        part_sum = T.alloc_buffer((kvh, blocks_max, grp), dtype)
-        part_out = T.alloc_buffer((kvh, blocks_max, grp, hd), dtype)
+    def attend(q_var: T.handle, kc_var: T.handle, vc_var: T.handle, tables_var: T.handle,
+               lengths_var: T.handle, out_var: T.handle):
+        pool, bsz, nb = T.int64(), T.int64(), T.int64()
+        q = T.match_buffer(q_var, (bsz, heads, 1, hd), dtype)
+        kc = T.match_buffer(kc_var, layout.key_shape(pool), dtype)
+        vc = T.match_buffer(vc_var, layout.value_shape(pool), dtype)
+        tables = T.match_buffer(tables_var, (bsz, nb), "int32")
+        lengths = T.match_buffer(lengths_var, (bsz,), "int32")
+        out = T.match_buffer(out_var, (bsz, 1, heads, hd), dtype)
+        part_max = T.alloc_buffer((bsz * kvh * nb, grp), dtype)
+        part_sum = T.alloc_buffer((bsz * kvh * nb, grp), dtype)
+        part_out = T.alloc_buffer((bsz * kvh * nb, grp, hd), dtype)
         # the scores: one slice per task of a buffer allocated once per call (a task's own
         # would be over the stack allocation limit: a heap allocation per task)
-        scores = T.alloc_buffer((kvh * blocks_max, grp, block), dtype)
-        for gb in T.parallel(kvh * ((n + block - 1) // block)):
+        scores = T.alloc_buffer((bsz * kvh * nb, grp, block), dtype)
+        # tasks: (sequence, kv head, block of its positions); a block past a shorter
+        # sequence's end is an empty task
+        for t in T.parallel(bsz * kvh * nb):
             # "global" scope under the stack limit: a stack array LLVM keeps in registers
             # (TVM serves a "local" one from the workspace pool: a heap pointer, stored every
             # iteration)
             reg = T.alloc_buffer((gs, lanes), dtype)
             acc = T.alloc_buffer((gs, part), dtype)
             lane = T.alloc_buffer((lanes,), dtype)
-            g = gb // ((n + block - 1) // block)
-            b = gb % ((n + block - 1) // block)
-            base = b * block
-            for gi in T.serial(grp // gs):
-                for sb in T.serial(block // lanes):
-                    for i in T.unroll(gs):
-                        for j in T.vectorized(lanes):
-                            reg[i, j] = T.float32(0)
-                    for d in T.serial(hd):
+            s = t // (kvh * nb)
+            g = t // nb % kvh
+            base = t % nb * block
+            n = T.Cast("int64", lengths[s])
+            phys = T.Cast("int64", tables[s, t % nb])
+            if base < n:
+                for gi in T.serial(grp // gs):
+                    for sb in T.serial(block // lanes):
                         for i in T.unroll(gs):
                             for j in T.vectorized(lanes):
-                                reg[i, j] = reg[i, j] + q[0, g * grp + gi * gs + i, 0, d] \
-                                    * kc[layer, g, b, d, sb * lanes + j]
-                    for i in T.unroll(gs):
+                                reg[i, j] = T.float32(0)
+                        for d in T.serial(hd):
+                            for i in T.unroll(gs):
+                                for j in T.vectorized(lanes):
+                                    reg[i, j] = reg[i, j] \
+                                        + q[s, g * grp + gi * gs + i, 0, d] \
+                                        * kc[layer, g, phys, d, sb * lanes + j]
+                        for i in T.unroll(gs):
+                            for j in T.vectorized(lanes):
+                                # (a Select vectorizes; TVM scalarizes an if_then_else)
+                                scores[t, gi * gs + i, sb * lanes + j] = T.Select(
+                                    base + sb * lanes + j < n, reg[i, j] * T.float32(scale),
+                                    T.float32(neg))
+                for i in T.serial(grp):
+                    for j in T.vectorized(lanes):
+                        lane[j] = scores[t, i, j]
+                    for c in T.serial(1, block // lanes):
                         for j in T.vectorized(lanes):
-                            # (a Select vectorizes; TVM scalarizes an if_then_else)
-                            scores[gb, gi * gs + i, sb * lanes + j] = T.Select(
-                                base + sb * lanes + j < n, reg[i, j] * T.float32(scale),
-                                T.float32(neg))
-            for i in T.serial(grp):
-                for j in T.vectorized(lanes):
-                    lane[j] = scores[gb, i, j]
-                for c in T.serial(1, block // lanes):
+                            lane[j] = T.max(lane[j], scores[t, i, c * lanes + j])
+                    part_max[t, i] = T.float32(neg)
+                    for j in T.serial(lanes):
+                        part_max[t, i] = T.max(part_max[t, i], lane[j])
+                    # below e^-80 a weight is 0: exp's result (and the products with it) would
+                    # be subnormal, each costing a microcode assist (masked positions are all
+                    # there)
+                    for j in T.vectorized(block):
+                        scores[t, i, j] = T.Select(
+                            scores[t, i, j] - part_max[t, i] > T.float32(-80.0),
+                            T.exp(scores[t, i, j] - part_max[t, i]), T.float32(0))
                     for j in T.vectorized(lanes):
-                        lane[j] = T.max(lane[j], scores[gb, i, c * lanes + j])
-                part_max[g, b, i] = T.float32(neg)
-                for j in T.serial(lanes):
-                    part_max[g, b, i] = T.max(part_max[g, b, i], lane[j])
-                # below e^-80 a weight is 0: exp's result (and the products with it) would be
-                # subnormal, each costing a microcode assist (masked positions are all there)
-                for j in T.vectorized(block):
-                    scores[gb, i, j] = T.Select(
-                        scores[gb, i, j] - part_max[g, b, i] > T.float32(-80.0),
-                        T.exp(scores[gb, i, j] - part_max[g, b, i]), T.float32(0))
-                for j in T.vectorized(lanes):
-                    lane[j] = scores[gb, i, j]
-                for c in T.serial(1, block // lanes):
-                    for j in T.vectorized(lanes):
-                        lane[j] = lane[j] + scores[gb, i, c * lanes + j]
-                part_sum[g, b, i] = T.float32(0)
-                for j in T.serial(lanes):
-                    part_sum[g, b, i] = part_sum[g, b, i] + lane[j]
-            for gh in T.serial(grp // gs * (hd // part)):
-                for i in T.unroll(gs):
-                    for d in T.vectorized(part):
-                        acc[i, d] = T.float32(0)
-                for j in T.serial(block):
+                        lane[j] = scores[t, i, j]
+                    for c in T.serial(1, block // lanes):
+                        for j in T.vectorized(lanes):
+                            lane[j] = lane[j] + scores[t, i, c * lanes + j]
+                    part_sum[t, i] = T.float32(0)
+                    for j in T.serial(lanes):
+                        part_sum[t, i] = part_sum[t, i] + lane[j]
+                for gh in T.serial(grp // gs * (hd // part)):
                     for i in T.unroll(gs):
                         for d in T.vectorized(part):
-                            acc[i, d] = acc[i, d] + scores[gb, gh // (hd // part) * gs + i, j] \
-                                * vc[layer, g, base + j, gh % (hd // part) * part + d]
-                for i in T.unroll(gs):
-                    for d in T.vectorized(part):
-                        part_out[g, b, gh // (hd // part) * gs + i,
-                                 gh % (hd // part) * part + d] = acc[i, d]
-        # the merge is light (heads x blocks x head_dim): serial, no second parallel launch
-        for gi in T.serial(kvh * grp):
+                            acc[i, d] = T.float32(0)
+                    for j in T.serial(block):
+                        for i in T.unroll(gs):
+                            for d in T.vectorized(part):
+                                acc[i, d] = acc[i, d] \
+                                    + scores[t, gh // (hd // part) * gs + i, j] \
+                                    * vc[layer, g, phys, j, gh % (hd // part) * part + d]
+                    for i in T.unroll(gs):
+                        for d in T.vectorized(part):
+                            part_out[t, gh // (hd // part) * gs + i,
+                                     gh % (hd // part) * part + d] = acc[i, d]
+        # the merge: per (sequence, query head) over that sequence's blocks
+        for sh in T.parallel(bsz * heads):
             top = T.alloc_buffer((1,), dtype)
             total = T.alloc_buffer((1,), dtype)
             weight = T.alloc_buffer((1,), dtype)
+            s = sh // heads
+            first = (s * kvh + sh % heads // grp) * nb  # the task of the head's first block
+            i = sh % heads % grp
+            used = (T.Cast("int64", lengths[s]) + block - 1) // block
             top[0] = T.float32(neg)
-            for b in T.serial((n + block - 1) // block):
-                top[0] = T.max(top[0], part_max[gi // grp, b, gi % grp])
+            for b in T.serial(used):
+                top[0] = T.max(top[0], part_max[first + b, i])
             total[0] = T.float32(0)
             for d in T.vectorized(hd):
-                out[0, 0, gi, d] = T.float32(0)
-            for b in T.serial((n + block - 1) // block):
-                weight[0] = T.Select(part_max[gi // grp, b, gi % grp] - top[0] > T.float32(-80.0),
-                                     T.exp(part_max[gi // grp, b, gi % grp] - top[0]),
-                                     T.float32(0))
-                total[0] = total[0] + weight[0] * part_sum[gi // grp, b, gi % grp]
+                out[s, 0, sh % heads, d] = T.float32(0)
+            for b in T.serial(used):
+                weight[0] = T.Select(part_max[first + b, i] - top[0] > T.float32(-80.0),
+                                     T.exp(part_max[first + b, i] - top[0]), T.float32(0))
+                total[0] = total[0] + weight[0] * part_sum[first + b, i]
                 for d in T.vectorized(hd):
-                    out[0, 0, gi, d] = out[0, 0, gi, d] \
-                        + weight[0] * part_out[gi // grp, b, gi % grp, d]
+                    out[s, 0, sh % heads, d] = out[s, 0, sh % heads, d] \
+                        + weight[0] * part_out[first + b, i, d]
             for d in T.vectorized(hd):
-                out[0, 0, gi, d] = out[0, 0, gi, d] / total[0]
+                out[s, 0, sh % heads, d] = out[s, 0, sh % heads, d] / total[0]
 
     return mark_scheduled(rewrite_vector_math(attend))

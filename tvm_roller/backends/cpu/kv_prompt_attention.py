@@ -1,5 +1,6 @@
-"""A prompt's causal attention over the key/value cache (``kv_cache``'s layout): ``m`` query
-positions ``[n - m, n)`` each attend to cache positions up to their own.
+"""A prompt's causal attention over the paged key/value cache (``kv_cache``'s layout): ``m``
+query positions ``[n - m, n)`` of one sequence (a whole prompt, or one chunk of it) each attend
+to the sequence's positions up to their own, read through its block table.
 
 The flash-attention order on a CPU: a task is (query head, tile of ``rows`` queries); it walks
 the cache's blocks of positions up to its last query's position, keeping each query's running
@@ -24,9 +25,9 @@ from tvm_roller.backends.vector_math import rewrite_vector_math
 
 def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float,
                             tiles: AttentionTiles) -> tirx.PrimFunc:
-    """``q [1, heads, m, head_dim]`` (positions ``[n - m, n)``, ``n`` the marker's length) over
-    ``cache[layer]`` positions ``[0, n)``, causal -> ``out [1, m, heads, head_dim]`` (the
-    layout HF's attention functions return)."""
+    """``q [1, heads, m, head_dim]`` (positions ``[n - m, n)``, ``n = lengths[0]``) over
+    ``cache[layer]`` positions ``[0, n)`` through ``tables[0]``, causal -> ``out [1, m, heads,
+    head_dim]`` (the layout HF's attention functions return)."""
     hd, grp, heads, dtype = layout.head_dim, layout.group, layout.heads, layout.dtype
     rows, sub, wide = tiles.rows, tiles.sub, tiles.wide
     block, lanes = layout.block, tiles.lanes
@@ -34,13 +35,16 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float,
     neg = -3.0e38
 
     @T.prim_func(private=True)
-    def attend(q_var: T.handle, kc: T.Buffer(layout.key_shape, dtype),
-               vc: T.Buffer(layout.value_shape, dtype), marker_var: T.handle,
-               out_var: T.handle):
-        m, n = T.int64(), T.int64()
+    def attend(q_var: T.handle, kc_var: T.handle, vc_var: T.handle, tables_var: T.handle,
+               lengths_var: T.handle, out_var: T.handle):
+        m, pool, nb = T.int64(), T.int64(), T.int64()
         q = T.match_buffer(q_var, (1, heads, m, hd), dtype)
-        T.match_buffer(marker_var, (n,), "int64")
+        kc = T.match_buffer(kc_var, layout.key_shape(pool), dtype)
+        vc = T.match_buffer(vc_var, layout.value_shape(pool), dtype)
+        tables = T.match_buffer(tables_var, (1, nb), "int32")
+        lengths = T.match_buffer(lengths_var, (1,), "int32")
         out = T.match_buffer(out_var, (1, m, heads, hd), dtype)
+        n = T.Cast("int64", lengths[0])
         # heads outer: the static split of the tasks over the cores gives each whole heads
         # (equal work under the causal triangle)
         for ht in T.parallel(heads * ((m + rows - 1) // rows)):
@@ -71,7 +75,8 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float,
                                 reg[i, j] = reg[i, j] \
                                     + q[0, h, T.min(r0 + rs // (block // wide) * sub + i, m - 1),
                                         d] \
-                                    * kc[layer, h // grp, b, d, rs % (block // wide) * wide + j]
+                                    * kc[layer, h // grp, T.Cast("int64", tables[0, b]), d,
+                                         rs % (block // wide) * wide + j]
                     for i in T.unroll(sub):
                         for j in T.vectorized(wide):
                             # causal: a position after the query's own weighs nothing
@@ -90,7 +95,8 @@ def prompt_attention_kernel(layout: CacheLayout, layer: int, scale: float,
                             for d in T.vectorized(part):
                                 acc[i, d] = acc[i, d] \
                                     + scores[rp // (hd // part) * sub + i, j] \
-                                    * vc[layer, h // grp, b * block + j, rp % (hd // part) * part + d]
+                                    * vc[layer, h // grp, T.Cast("int64", tables[0, b]), j,
+                                         rp % (hd // part) * part + d]
                     for i in T.unroll(sub):
                         for d in T.vectorized(part):
                             weighted[rp // (hd // part) * sub + i, rp % (hd // part) * part + d] = \

@@ -1,5 +1,5 @@
-"""A HuggingFace causal LM as one Relax module: ``prefill`` and ``decode`` over a cache updated
-in place.
+"""A HuggingFace causal LM as one Relax module: ``prefill`` and ``decode`` over a paged cache
+updated in place.
 
 Both functions are ``torch.export``-ed from the same model with the "roller" attention
 (``cache_ops``) and imported with the weights as parameters (``keep_params_as_input``), in the
@@ -7,14 +7,17 @@ same order, so one set of weight tensors serves both:
 
 * ``prefill_transform_params((weights...)) -> prepared`` (run once: the transposes prefill's
   GEMMs want, ``LiftTransformParams``)
-* ``prefill(ids[1, n], keys, values, *prepared) -> (logits[1, vocab], keys, values)``
-* ``decode(ids[1, 1], keys, values, marker[n], *weights) -> (logits[1, vocab], keys, values)``
-  (its GEMVs read the weights as torch holds them: ``FuseTransposeMatmul``)
+* ``prefill(ids[1, m], positions[1, m], tables[1, nb], lengths[1], keys, values, *prepared)
+  -> (logits[1, vocab], keys, values)``: ``m`` positions of one sequence (a prompt, or a chunk
+  of one continuing its cache)
+* ``decode(ids[B, 1], positions[B, 1], tables[B, nb], lengths[B], keys, values, *weights)
+  -> (logits[B, vocab], keys, values)``: one new position of each of ``B`` sequences (its
+  projections GEMMs of ``B`` rows over the weights as torch holds them: ``FuseTransposeMatmul``)
 
-``keys`` / ``values`` are the cache buffers of ``max_seq_len`` positions (rounded up to whole
-attention blocks: ``backends.cpu.kv_cache``), written in place: a prompt's positions by
-``prefill``, the one new position (``n - 1``, ``n`` the marker's length) by ``decode``; the
-returned caches are the same buffers.
+``keys`` / ``values`` are the pool of cache blocks (``backends.cpu.kv_cache``; the pool's size a
+shape variable), written in place; ``tables`` (int32) holds each sequence's pool blocks,
+``lengths`` (int32) its length with the new positions, ``positions`` the new positions (RoPE's
+and learned position embeddings' input); the returned caches are the same buffers.
 """
 from __future__ import annotations
 
@@ -83,24 +86,25 @@ def _first(cfg, *names):
 
 
 def export_lm(model, max_seq_len: int, dev: DeviceModel,
-              fmt: Optional[QuantFormat] = None) -> ExportedLM:
+              fmt: Optional[QuantFormat] = None, max_batch: int = 1) -> ExportedLM:
     """``prefill`` and ``decode`` of ``model`` (a ``*ForCausalLM`` in eval mode) as one module,
     its cache kernels planned for ``dev``; with ``fmt``, its linear weights quantized
-    (``integrations.llm.quantize``)."""
+    (``integrations.llm.quantize``); ``decode`` takes up to ``max_batch`` sequences (a shape
+    variable above 1)."""
     if not _is_causal_lm(model):
         raise UnsupportedError(f"expected a transformers causal LM (*ForCausalLM, "
                                f"GPT2LMHeadModel), got {type(model).__name__}")
     from tvm_roller.integrations.llm.cache_convert import converters
 
     layout = cache_layout(model, max_seq_len, dev)
-    prefill_ep, decode_ep = _export(model.eval(), layout, max_seq_len)
+    prefill_ep, decode_ep = _export(model.eval(), layout, max_seq_len, max_batch)
     names = [_param_names(ep) for ep in (prefill_ep, decode_ep)]
     if names[0] != names[1]:
         raise UnsupportedError("prefill and decode take different weights")
     kernels: list = []
     prefill_mod, decode_mod = tvm.IRModule(), tvm.IRModule()
-    _import(prefill_ep, "prefill", converters(kernels, "prefill", dev), prefill_mod)
-    _import(decode_ep, "decode", converters(kernels, "decode", dev), decode_mod)
+    _import(prefill_ep, "prefill", converters(kernels, "prefill", dev, layout), prefill_mod)
+    _import(decode_ep, "decode", converters(kernels, "decode", dev, layout), decode_mod)
     weights = tuple(prefill_ep.state_dict[n].detach() for n in names[0])
     if fmt is not None:
         mods, weights = quantize_lm({"prefill": prefill_mod, "decode": decode_mod}, names[0],
@@ -118,26 +122,39 @@ def export_lm(model, max_seq_len: int, dev: DeviceModel,
     return ExportedLM(mod, weights, layout, vocab, tuple(kernels))
 
 
-def _export(model, layout: CacheLayout, max_seq_len: int):
+def _export(model, layout: CacheLayout, max_seq_len: int, max_batch: int):
     import torch
 
     from tvm_roller.integrations.llm.cache_ops import ATTENTION, register
 
     register()
-    prefill_cls, decode_cls = _wrappers()
-    prefill, decode = prefill_cls(model, max_seq_len), decode_cls(model, max_seq_len)
-    n = torch.export.Dim.DYNAMIC(min=2, max=max_seq_len)
-    ids = torch.zeros((1, 5), dtype=torch.long)
-    keys, values = torch.zeros(layout.key_shape), torch.zeros(layout.value_shape)
-    marker = torch.zeros((5,), dtype=torch.long)
+    wrapper = _wrapper()
+    Dim = torch.export.Dim
+    m = Dim("chunk", min=2, max=max(3, max_seq_len))
+    nb = Dim("blocks", min=1, max=max(2, layout.max_blocks))
+    pool = Dim("pool", min=1, max=1 << 24)
+    cache = ({2: pool}, {2: pool})
+    keys, values = torch.zeros(layout.key_shape(3)), torch.zeros(layout.value_shape(3))
+    tables = torch.zeros((1, 2), dtype=torch.int32)
     previous = model.config._attn_implementation
     try:
         model.config._attn_implementation = ATTENTION
         with torch.no_grad():
-            p = torch.export.export(prefill, (ids, keys, values),
-                                    dynamic_shapes=({1: n}, None, None))
-            d = torch.export.export(decode, (ids[:, :1], keys, values, marker),
-                                    dynamic_shapes=(None, None, None, {0: n}))
+            # (distinct example tensors: one passed twice would be one input to torch.export)
+            ids, positions = torch.zeros((1, 5), dtype=torch.long), torch.arange(5)[None]
+            p = torch.export.export(
+                wrapper(model, max_seq_len),
+                (ids, positions, tables, torch.ones(1, dtype=torch.int32), keys, values),
+                dynamic_shapes=({1: m}, {1: m}, {1: nb}, None) + cache)
+            batch = 2 if max_batch > 1 else 1  # (an example of 1 would fix the size at 1)
+            b = Dim("batch", min=1, max=max_batch) if max_batch > 1 else None
+            ids, positions = torch.zeros((batch, 1), dtype=torch.long), torch.ones((batch, 1),
+                                                                                 dtype=torch.long)
+            d = torch.export.export(
+                wrapper(model, max_seq_len),
+                (ids, positions, tables.repeat(batch, 1), torch.ones(batch, dtype=torch.int32),
+                 keys, values),
+                dynamic_shapes=({0: b}, {0: b}, {0: b, 1: nb}, {0: b}) + cache)
     except UnsupportedError:
         raise
     except Exception as err:  # noqa: BLE001  (torch.export's many error types: a decline)
@@ -173,8 +190,8 @@ def _import(ep, name: str, convert: dict, into: tvm.IRModule) -> None:
             into[gv] = func
 
 
-def _wrappers():
-    """The two ``nn.Module`` wrappers ``torch.export`` sees (made on first use: torch and
+def _wrapper():
+    """The ``nn.Module`` wrapper ``torch.export`` sees (made on first use: torch and
     transformers are imported only by who compiles an LM)."""
     import torch
     from transformers.cache_utils import Cache, DynamicLayer
@@ -182,57 +199,39 @@ def _wrappers():
     from tvm_roller.integrations.llm.cache_ops import TraceState, trace_state
 
     class Layer(DynamicLayer):
-        """A layer that holds nothing: the "roller" attention writes the cache buffers; this
-        only tells HF how many positions came before (``past``)."""
-
-        def __init__(self, past):
-            super().__init__()
-            self.past = past
+        """A layer that holds nothing: the "roller" attention writes the cache buffers (each
+        sequence's positions come as data: ``position_ids`` and the lengths)."""
 
         def update(self, key_states, value_states, *args, **kwargs):
             self.is_initialized = True
             return key_states, value_states
 
         def get_seq_length(self):
-            return self.past
+            return 0
 
         def get_mask_sizes(self, query_length):
-            return self.past + query_length, 0
+            return query_length, 0
 
-    def traced(model, state: TraceState, ids, past):
-        # the logits of the last position only (the LM head a GEMV in prefill too)
-        keep = {"logits_to_keep": 1} \
-            if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        token = trace_state().set(state)
-        try:
-            kv = Cache(layers=[Layer(past) for _ in range(state.keys.shape[0])])
-            out = model(input_ids=ids, past_key_values=kv, use_cache=True, **keep)
-        finally:
-            trace_state().reset(token)
-        return out.logits[:, -1, :], state.keys, state.values
-
-    class Prefill(torch.nn.Module):
-        """The prompt's logits at its last position; its keys and values written at
-        ``[0, n)``."""
+    class Step(torch.nn.Module):
+        """The logits at each sequence's last new position; the new positions' keys and values
+        written at ``[n - m, n)`` of each sequence (``n = lengths[s]``) through its table."""
 
         def __init__(self, model, max_seq_len: int):
             super().__init__()
             self.model, self.max_seq_len = model, max_seq_len
 
-        def forward(self, ids, keys, values):
-            state = TraceState(keys, values, ids[0], self.max_seq_len)
-            return traced(self.model, state, ids, 0)
+        def forward(self, ids, positions, tables, lengths, keys, values):
+            state = TraceState(keys, values, tables, lengths, self.max_seq_len)
+            # the logits of the last position only (the LM head a GEMV in prefill too)
+            keep = {"logits_to_keep": 1} \
+                if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+            token = trace_state().set(state)
+            try:
+                kv = Cache(layers=[Layer() for _ in range(keys.shape[0])])
+                out = self.model(input_ids=ids, position_ids=positions, past_key_values=kv,
+                                 use_cache=True, **keep)
+            finally:
+                trace_state().reset(token)
+            return out.logits[:, -1, :], state.keys, state.values
 
-    class Decode(torch.nn.Module):
-        """One token's logits against positions ``[0, n - 1)``, its keys and values written at
-        ``n - 1`` (``n`` the marker's length)."""
-
-        def __init__(self, model, max_seq_len: int):
-            super().__init__()
-            self.model, self.max_seq_len = model, max_seq_len
-
-        def forward(self, ids, keys, values, marker):
-            state = TraceState(keys, values, marker, self.max_seq_len)
-            return traced(self.model, state, ids, marker.shape[0] - 1)
-
-    return Prefill, Decode
+    return Step

@@ -47,18 +47,46 @@ class CausalLM:
     report: list = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     tokenizer: Optional[TextTokenizer] = None
+    max_batch: int = 1  # the most sequences one ``decode`` call takes (``BatchGenerator``)
     _buffers: Optional[tuple] = field(default=None, repr=False)
 
     def buffers(self) -> tuple:
-        """The key and value caches (zeroed once: positions past the live length inside an
-        attention block are read and masked, so they must hold finite values) and the marker
-        whose prefix views give decode the live length."""
+        """The key and value caches: a pool of the blocks of ``max_seq_len`` positions (zeroed
+        once: positions past the live length inside an attention block are read and masked,
+        so they must hold finite values), and the one sequence's block table (block ``i``
+        holds its positions ``[i * block, (i + 1) * block)``)."""
         if self._buffers is None:
-            dev = self.device
-            self._buffers = (tvm.runtime.tensor(np.zeros(self.cache.key_shape, "float32"), dev),
-                             tvm.runtime.tensor(np.zeros(self.cache.value_shape, "float32"), dev),
-                             tvm.runtime.tensor(np.zeros(self.cache.length, "int64"), dev))
+            dev, pool = self.device, self.cache.max_blocks
+            table = np.arange(pool, dtype="int32")[None, :]
+            self._buffers = (new_cache(self.cache, pool, dev)
+                             + (tvm.runtime.tensor(table, dev),))
         return self._buffers
+
+    def args(self, name: str, ids: np.ndarray, positions: np.ndarray, tables, lengths,
+             keys, values) -> tuple:
+        """The VM arguments of one ``prefill`` or ``decode`` call: ``ids`` and ``positions``
+        ``[batch, m]``, each row's block ``tables`` and live ``lengths``, the caches."""
+        weights = self.decode_weights if name == "decode" else self.weights
+        dev = self.device
+        return (tvm.runtime.tensor(ids, dev), tvm.runtime.tensor(positions, dev), tables,
+                tvm.runtime.tensor(lengths, dev), keys, values, *weights)
+
+    def run(self, name: str, *args):
+        """One call of ``prefill`` or ``decode`` (``args`` as ``args``'s): the logits, the
+        caches updated in place."""
+        return self.vm[name](*self.args(name, *args))[0]
+
+    def sequence_args(self, name: str, ids: np.ndarray, length: int) -> tuple:
+        """The VM arguments for ``ids`` ([1, m]) as the positions ending at ``length`` of the
+        one sequence ``buffers`` holds."""
+        keys, values, table = self.buffers()
+        m = ids.shape[1]
+        used = table._create_view((1, -(-length // self.cache.block)))
+        positions = np.arange(length - m, length, dtype="int64")[None, :]
+        return self.args(name, ids, positions, used, np.array([length], "int32"), keys, values)
+
+    def _call(self, name: str, ids: np.ndarray, length: int):
+        return self.vm[name](*self.sequence_args(name, ids, length))[0]
 
     def generate(self, input_ids, max_new_tokens: int = 20,
                  eos_token_id: Union[None, int, Sequence[int]] = None, *,
@@ -122,22 +150,17 @@ class CausalLM:
     def _decode(self, ids: np.ndarray, length: int):
         """One decode step: the logits after ``ids`` ([1, 1]), the cache's live length
         ``length`` with it."""
-        keys, values, marker = self.buffers()
-        return self.vm["decode"](tvm.runtime.tensor(ids, self.device), keys, values,
-                                 marker._create_view((length,)), *self.decode_weights)[0]
+        return self._call("decode", ids, length)
 
     def _tokens(self, prompt: np.ndarray, max_new_tokens: int, pick: TokenPicker,
                 stops: set, min_new: int = 0) -> Iterator[int]:
         if max_new_tokens == 0:
             return
         banned = sorted(stops)  # eos may not be picked while fewer than min_new tokens came
-        keys, values, _ = self.buffers()
         t0 = time.perf_counter()
-        if prompt.shape[1] == 1:  # one position: a decode step from an empty cache
-            logits = self._decode(prompt, 1)
-        else:
-            logits = self.vm["prefill"](tvm.runtime.tensor(prompt, self.device), keys, values,
-                                        *self.weights)[0]
+        # one position: a decode step from an empty cache
+        logits = self._call("decode" if prompt.shape[1] == 1 else "prefill", prompt,
+                            prompt.shape[1])
         token = pick(logits.numpy(), banned if min_new > 0 else ())
         self.stats.prefill_s, self.stats.prefill_tokens = time.perf_counter() - t0, prompt.shape[1]
         yield token
@@ -166,6 +189,12 @@ class CausalLM:
         if prompt.min() < 0 or prompt.max() >= self.vocab:
             raise ValueError(f"token ids must be in [0, {self.vocab})")
         return prompt.astype("int64")
+
+
+def new_cache(layout: CacheLayout, pool: int, dev) -> tuple:
+    """Zeroed keys and values for a pool of ``pool`` blocks on ``dev``."""
+    return (tvm.runtime.tensor(np.zeros(layout.key_shape(pool), "float32"), dev),
+            tvm.runtime.tensor(np.zeros(layout.value_shape(pool), "float32"), dev))
 
 
 def _stop_set(eos_token_id) -> set:

@@ -107,6 +107,11 @@ class Engine:
             return job
 
     @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    @property
     def depth(self) -> int:
         with self._cond:
             return len(self._waiting)

@@ -1,6 +1,8 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of its own (two servers
 in one process, as in the tests, do not collide): queue depth, time to first token,
-inter-token latency, tokens generated (tokens/s is their rate) and each request's outcome."""
+inter-token latency, tokens generated (tokens/s is their rate), each request's outcome, and a
+batching worker's KV-cache blocks (free of total), batch size, decode steps' rows and
+seconds, and preemptions."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -38,6 +40,21 @@ class ServerMetrics:
                                         registry=r)
         self.decode_tok_s = Gauge(p + "decode_tokens_per_second", "The last request's decode "
                                   "tokens per second", registry=r)
+
+        # the paged cache of a batching worker (--max-batch > 1)
+        self.kv_blocks_total = Gauge(p + "kv_cache_blocks", "Blocks in the KV-cache pool",
+                                     registry=r)
+        self.kv_blocks_free = Gauge(p + "kv_cache_free_blocks", "Blocks of the KV-cache pool "
+                                    "no sequence holds", registry=r)
+        self.batch_rows = Gauge(p + "decode_batch_size", "Sequences in the last decode step",
+                                registry=r)
+        self.decode_rows = Counter(p + "decode_rows", "Tokens made by decode steps (one a "
+                                   "sequence a step)", registry=r)
+        self.decode_seconds = Counter(p + "decode_seconds", "Seconds inside decode steps: "
+                                      "decode_rows over it is the decode-phase throughput, "
+                                      "prefill chunks excluded", registry=r)
+        self.preemptions = Counter(p + "preemptions", "Sequences preempted (blocks freed, "
+                                   "recomputed later) when the pool ran out", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
