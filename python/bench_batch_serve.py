@@ -300,6 +300,7 @@ def soak(model_dir: Path, weights: str, args) -> dict:
 
     try:
         r = run_clients(ours, args.clients[0], 0.0, args.soak, args, on_minute)
+        marks.setdefault(int(args.soak // 60), rss_mb(ours.proc.pid))  # at the end
     finally:
         ours.proc.terminate()
         ours.proc.wait(60)
