@@ -27,7 +27,7 @@ import tvm_roller.llm as llm  # noqa: E402
 from tvm_roller.hardware import host_target  # noqa: E402
 from tvm_roller.planner import Context  # noqa: E402
 from tvm_roller.tools.models.llm_configs import CONFIGS, build  # noqa: E402
-from bench_llm import routed_bytes, unread_embedding_bytes  # noqa: E402
+from bench_llm import decode_read_bytes  # noqa: E402
 
 
 def step_times(lm, batch: int, prompt: int, steps: int, seed: int) -> list:
@@ -66,10 +66,7 @@ def main() -> int:
     for fmt in args.weights.split(","):
         lm = llm.compile(model, max_seq_len=args.prompt + args.steps + 8, weights=fmt,
                          max_batch=args.max_batch)
-        unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
-                  for w in lm.decode_weights}
-        nbytes = sum(routed_bytes(t, cfg) for t in unique.values()) \
-            - unread_embedding_bytes(model, lm.report, fmt)
+        nbytes = decode_read_bytes(lm, model, cfg, fmt)
         one = None
         for b in sizes:
             step = statistics.median(step_times(lm, b, args.prompt, args.steps, args.seed))

@@ -68,6 +68,14 @@ def unread_embedding_bytes(model, report: list, fmt: str) -> float:
     return (rows - 1) * cols * per_weight
 
 
+def decode_read_bytes(lm, model, cfg, fmt: str) -> float:
+    """What a decode step reads of the weights: as decode takes them (packed, where quantized;
+    a tied table passed under two names counted once; routed experts only)."""
+    unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w) for w in lm.decode_weights}
+    return sum(routed_bytes(t, cfg) for t in unique.values()) \
+        - unread_embedding_bytes(model, lm.report, fmt)
+
+
 def hf_times(model, ids, new: int):
     """(prefill s, decode s per token, tokens) of HF's greedy generate."""
     with torch.no_grad():
@@ -95,7 +103,7 @@ def attention_profile(lm, dram: float, contexts) -> list:
         rows = profile(lm.vm, args, lm.report, calls=3, func="decode")
         attn = sum(r.measured_s for r in rows if "kv_attention" in r.name)
         rest = sum(r.measured_s for r in rows if "kv_attention" not in r.name)
-        cache_bytes = 2 * lm.cache.layers * lm.cache.kv_heads * lm.cache.head_dim * 4 * ctx
+        cache_bytes = lm.cache.position_bytes * ctx
         bound = cache_bytes / dram
         out.append(dict(context=ctx, attention_s=attn, attention_bound_s=bound,
                         other_kernels_s=rest))
@@ -267,18 +275,13 @@ def main() -> None:
         if target is not None and args.native_tokens:
             natives[fmt] = llm.compile(model, max_seq_len=max(prompts) + args.new,
                                        weights=fmt, cache=False)
-        # what a decode step reads: the weights as decode takes them (packed, where quantized;
-        # a tied table passed under two names counted once)
-        unique = {torch.from_dlpack(w).data_ptr(): torch.from_dlpack(w)
-                  for w in lms[fmt].decode_weights}
-        nbytes[fmt] = sum(routed_bytes(t, cfg) for t in unique.values()) \
-            - unread_embedding_bytes(model, lms[fmt].report, fmt)
+        nbytes[fmt] = decode_read_bytes(lms[fmt], model, cfg, fmt)
         print(f"{args.config} {fmt}: {nbytes[fmt] / 1e9:.3f} GB of weights read per token "
               f"(fp32 model {weight_bytes / 1e9:.2f} GB), compile {compile_s[fmt]:.1f} s, "
               f"{len(lms[fmt].report)} entries, DRAM {dram / 1e9:.1f} GB/s calibrated",
               flush=True)
     lm = next(iter(lms.values()))
-    cache_per_pos = 2 * lm.cache.layers * lm.cache.kv_heads * lm.cache.head_dim * 4
+    cache_per_pos = lm.cache.position_bytes
     ggufs = {f: gguf_file(model, LLAMA_CPP[f]) for f in lms} if args.llama_cpp else {}
     peers = peer_models(model, args.hf_bf16, args.torchao)
     rows = []

@@ -38,8 +38,7 @@ def _config(directory, lm, pool_blocks=None) -> ServeConfig:
     """A batching server; ``pool_blocks``: its pool as a --kv-cache-gb budget."""
     gb = None
     if pool_blocks is not None:
-        c = lm.cache
-        per_block = 2 * c.layers * c.kv_heads * c.head_dim * 4 * c.block
+        per_block = lm.cache.position_bytes * lm.cache.block
         gb = (pool_blocks + 0.5) * per_block / 1e9
     return ServeConfig(directory, max_queue=16, api_key=KEY, log_level="warning",
                        max_batch=MAX_BATCH, kv_cache_gb=gb, prefill_chunk=16)

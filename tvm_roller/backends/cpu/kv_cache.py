@@ -69,6 +69,11 @@ class CacheLayout:
         """Blocks one sequence holds at most (a block table's widest row)."""
         return self.length // self.block
 
+    @property
+    def position_bytes(self) -> int:
+        """Bytes one position of a sequence takes: its keys and values in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 4  # float32 (__post_init__)
+
     def key_shape(self, pool):
         """The keys of a pool of ``pool`` blocks (an int, or a shape variable)."""
         return (self.layers, self.kv_heads, pool, self.head_dim, self.block)

@@ -93,8 +93,7 @@ class BatchGenerator:
     def pool_blocks_for(lm: CausalLM, budget_bytes: int) -> int:
         """The blocks a cache of ``budget_bytes`` (keys and values) holds."""
         c = lm.cache
-        per_position = 2 * c.layers * c.kv_heads * c.head_dim * 4
-        return PoolSize.from_bytes(budget_bytes, c.block, per_position).blocks
+        return PoolSize.from_bytes(budget_bytes, c.block, c.position_bytes).blocks
 
     @property
     def free_blocks(self) -> int:
